@@ -1,0 +1,508 @@
+"""Typed run configuration: dataclasses with a docstring per field, loaded from a YAML recipe, overridable from the
+command line (``section.field=value``), validated before anything starts.
+
+A recipe is a YAML file whose top-level keys are the sections of :class:`Config`. It may also hold ``arms``: named
+overrides of the ``attention`` section, one per arm of an experiment (e.g. ``baseline`` and ``fixed``). Arms may differ
+only in attention numerics, so that a comparison of arms isolates the effect of flash-attention rounding.
+
+``python -m launcher.pretrain --help-config`` prints every field with its docstring (read from this file).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import difflib
+import inspect
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from model.attention import BACKENDS, AttentionConfig
+from model.gpt import GPTConfig
+
+ROUNDINGS = ("fa2", "paper")
+FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
+
+
+class ConfigError(ValueError):
+    """A recipe or override the user must change; the message says what and how."""
+
+
+@dataclass
+class PrecisionConfig:
+    """Number formats of the forward/backward pass."""
+
+    dtype: str = "auto"
+    """Autocast dtype of matmuls and attention: auto (bf16 on GPU, fp32 on CPU, where bf16 is slower), bf16, fp32.
+    Master weights and optimizer state are always fp32."""
+    fp8_ffn: bool = False
+    """Run the FFN matrices (mlp.fc_in, mlp.fc_out) in FP8 through Transformer Engine (GPU only)."""
+    fp8_recipe: str = "delayed"
+    """Transformer Engine FP8 scaling recipe for the FFN: delayed (DelayedScaling) or current (Float8CurrentScaling)."""
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is laid out over processes; data parallelism takes the processes that remain."""
+
+    tensor_parallel: int = 1
+    """Tensor-parallel group size (Megatron-style column/row splits of attention and FFN). Only 1 is implemented."""
+    pipeline_parallel: int = 1
+    """Pipeline stages. Only 1 is implemented."""
+    zero_stage: int = 0
+    """Optimizer-state sharding: 0 (plain DDP). DeepSpeed ZeRO stages are not wired in yet."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay (the paper's schedule)."""
+
+    lr: float = 1e-3
+    """Peak learning rate reached at the end of warmup."""
+    min_lr: float = 1e-5
+    """Learning rate at the end of the cosine decay (held afterwards)."""
+    warmup_steps: int = 2000
+    """Optimizer steps of linear warmup from 0 to lr."""
+    decay_steps: int = 0
+    """Optimizer steps at which the cosine reaches min_lr; 0 means run.max_steps."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay, applied to matrices only (not to biases, norms, embeddings)."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+@dataclass
+class DataConfig:
+    """Token data and batch shape."""
+
+    data_dir: str = "data/cache/kjv"
+    """Folder with train.bin, val.bin and meta.json written by `python -m launcher.prepare_data`."""
+    seq_len: int = 1024
+    """Tokens per training sequence; at most model.max_seq_len."""
+    global_batch_size: int = 320
+    """Sequences per optimizer step summed over all data-parallel ranks and accumulation steps."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward on one rank; global_batch_size must be a multiple of
+    micro_batch_size x data-parallel size (the quotient is the number of gradient-accumulation steps)."""
+    replay_from: str = ""
+    """Path of a run's batch_offsets.bin: read each step's batch offsets from it instead of drawing them
+    (the paper's replay). Empty: draw them from (run.seed, step)."""
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    interval: int = 250
+    """Evaluate every this many optimizer steps (and at the last step); 0 disables evaluation."""
+    batches: int = 20
+    """Micro-batches of the validation split per evaluation (always the same ones)."""
+
+
+@dataclass
+class MonitorConfig:
+    """Live diagnostics of the paper's mechanism (spectral norms, tie rate, delta bias); 0 intervals disable."""
+
+    spectral_interval: int = 100
+    """Every this many steps, log spectral norms of W_Q, W_K, W_V, W_O, FFN matrices per layer and per head."""
+    probe_interval: int = 100
+    """Every this many steps, run the probe batch: activation norms, tie rate, max logit, entropy, delta bias."""
+    probe_batch_size: int = 2
+    """Sequences in the fixed probe batch (drawn once from the validation split)."""
+    power_iterations: int = 3
+    """Power-iteration steps per spectral-norm estimate (vectors persist across calls, so a few suffice)."""
+    delta_bias_layers: Optional[list[int]] = None
+    """Layers whose delta bias is measured; null means all layers."""
+
+
+@dataclass
+class GuardConfig:
+    """What counts as a bad step and what to do about it."""
+
+    action: str = "stop"
+    """On NaN/inf loss or gradients, or a spike: stop (save nothing bad, exit with a message) or skip (drop the step)."""
+    loss_spike_factor: float = 0.0
+    """Treat a loss above this factor x its running mean as a spike; 0 disables."""
+    grad_norm_spike_factor: float = 0.0
+    """Treat a gradient norm above this factor x its running mean as a spike; 0 disables."""
+    warmup_steps: int = 50
+    """Steps before spike detection starts (running means need history)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming."""
+
+    interval: int = 1000
+    """Save every this many optimizer steps (and at the end, and on SIGINT/SIGTERM); 0 saves only then."""
+    resume: bool = True
+    """Resume from the arm's latest checkpoint when one exists."""
+
+
+@dataclass
+class RunConfig:
+    """Identity, length and placement of a run."""
+
+    experiment: str = "default"
+    """Experiment name; logs go to <out_dir>/<experiment>/<arm>/."""
+    arm: str = "baseline"
+    """Arm name within the experiment (set by the experiment launcher from the recipe's arms)."""
+    out_dir: str = "runs"
+    """Root folder of run outputs (TensorBoard events, checkpoints, batch offsets)."""
+    seed: int = 1337
+    """Seed of initialisation and of the batch sequence; arms of one experiment share it."""
+    max_steps: int = 10000
+    """Optimizer steps to train for."""
+    log_interval: int = 10
+    """Print a progress line and write train/* scalars every this many steps."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cuda or cpu."""
+    compile: bool = False
+    """Wrap the model in torch.compile (GPU)."""
+    peak_tflops: float = 0.0
+    """Peak dense TFLOP/s of one device for the MFU figure; 0 means look it up by device name (no MFU on CPU)."""
+
+
+@dataclass
+class Config:
+    """One run (one arm) of a recipe."""
+
+    model: GPTConfig = field(default_factory=GPTConfig)
+    """Network shape."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """Attention implementation and rounding numerics."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Number formats."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Process layout."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data and batch shape."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    """Mechanism monitors."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """Bad-step guards."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run identity and length."""
+    arms: dict[str, dict] = field(default_factory=dict)
+    """Arms of the experiment: name -> overrides of the attention section, e.g. {fixed: {attention: {fix: dynamic_max}}}."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.experiment / self.run.arm
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert what YAML leaves ambiguous (1e-3 is a str there)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], where)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, where)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return copy.deepcopy(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and _is_int(value))):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return int(value)
+    if tp is float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _unknown_key_error(key: str, valid: list[str], where: str) -> ConfigError:
+    hint = difflib.get_close_matches(key, valid, n=1)
+    did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
+    return ConfigError(f"unknown key '{where}{key}'.{did_you_mean} Valid keys{' in ' + where.rstrip('.') if where else ''}: "
+                       f"{', '.join(valid)}")
+
+
+def _build(cls: type, data: dict, where: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    prefix = f"{where}." if where else ""
+    kwargs = {}
+    for key, value in data.items():
+        if key not in hints:
+            raise _unknown_key_error(str(key), names, prefix)
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """Turn ['optim.lr=3e-4', 'model.n_layer=4'] into a nested dict; values are parsed as YAML scalars/lists."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form section.field=value (e.g. optim.lr=3e-4)")
+        key, raw = item.split("=", 1)
+        if not key or "." not in key:
+            raise ConfigError(f"override '{item}' needs a section and a field, e.g. run.max_steps=100")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_path(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def recipe_path(name_or_path: str) -> Path:
+    """A recipe given as a path, or as a bare name of a file in recipes/ (e.g. 'smoke')."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    candidate = Path(__file__).resolve().parent.parent / "recipes" / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    available = sorted(p.stem for p in candidate.parent.glob("*.yaml"))
+    raise ConfigError(f"recipe '{name_or_path}' not found: give a YAML path or one of: {', '.join(available)}")
+
+
+def load_recipe(name_or_path: str, overrides: Optional[list[str]] = None) -> dict:
+    """The recipe as a plain dict with CLI overrides merged in (not yet typed or validated)."""
+    path = recipe_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of sections (model:, optim:, ...)")
+    return _merge(data, parse_overrides(overrides or []))
+
+
+def arm_names(tree: dict) -> list[str]:
+    """Arms declared by a recipe dict, in order; a recipe without arms has one arm, 'baseline'."""
+    return list((tree.get("arms") or {}).keys()) or ["baseline"]
+
+
+def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int] = None) -> Config:
+    """Typed, validated Config for one arm of a recipe dict (arm None: the recipe's first arm)."""
+    arms = tree.get("arms") or {}
+    if not isinstance(arms, dict):
+        raise ConfigError("'arms' must map arm names to overrides, e.g. arms: {fixed: {attention: {fix: dynamic_max}}}")
+    names = arm_names(tree)
+    arm = arm or names[0]
+    if arms and arm not in arms:
+        raise ConfigError(f"arm '{arm}' is not in the recipe; its arms are: {', '.join(names)}")
+    arm_overrides = arms.get(arm) or {}
+    if not isinstance(arm_overrides, dict):
+        raise ConfigError(f"arms.{arm} must be a mapping like {{attention: {{fix: dynamic_max}}}}")
+    extra = set(arm_overrides) - {"attention"}
+    if extra:
+        raise ConfigError(f"arms.{arm} overrides {', '.join(sorted(extra))}; arms may differ only in 'attention' "
+                          "so that the comparison isolates attention numerics. Move those keys to the recipe's top level.")
+    merged = _merge({k: v for k, v in tree.items() if k != "arms"}, arm_overrides)
+    merged.setdefault("run", {})
+    merged["run"] = {**merged["run"], "arm": arm}
+    config = _build(Config, {**merged, "arms": arms})
+    validate(config, world_size)
+    return config
+
+
+def load_config(name_or_path: str, overrides: Optional[list[str]] = None, arm: Optional[str] = None,
+                world_size: Optional[int] = None) -> Config:
+    """Recipe file + overrides -> validated Config of one arm."""
+    return build_config(load_recipe(name_or_path, overrides), arm, world_size)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _choice(value: str, choices: tuple, where: str) -> list[str]:
+    return [] if value in choices else [f"{where}={value!r} is not one of: {', '.join(choices)}"]
+
+
+def validate(config: Config, world_size: Optional[int] = None) -> None:
+    """Raise ConfigError listing every problem found, each with what to change."""
+    m, a, d, o, p, r = config.model, config.attention, config.data, config.optim, config.parallel, config.run
+    problems: list[str] = []
+    if m.n_head <= 0 or m.d_model % m.n_head:
+        problems.append(f"model.n_head={m.n_head} must divide model.d_model={m.d_model}; "
+                        f"pick a head count that divides {m.d_model}")
+    for name in ("n_layer", "d_model", "max_seq_len", "ffn_mult"):
+        if getattr(m, name) <= 0:
+            problems.append(f"model.{name} must be positive")
+    if m.vocab_size < 0:
+        problems.append("model.vocab_size must be >= 0 (0: take it from the data)")
+    if not 0.0 <= m.dropout < 1.0:
+        problems.append(f"model.dropout={m.dropout} must be in [0, 1)")
+    if d.seq_len > m.max_seq_len:
+        problems.append(f"data.seq_len={d.seq_len} is longer than model.max_seq_len={m.max_seq_len}; "
+                        f"lower data.seq_len or raise model.max_seq_len")
+    if d.seq_len <= 0 or d.micro_batch_size <= 0 or d.global_batch_size <= 0:
+        problems.append("data.seq_len, data.micro_batch_size and data.global_batch_size must be positive")
+    elif d.global_batch_size % d.micro_batch_size:
+        problems.append(f"data.global_batch_size={d.global_batch_size} is not a multiple of "
+                        f"data.micro_batch_size={d.micro_batch_size}")
+    problems += _choice(a.backend, BACKENDS, "attention.backend")
+    problems += _choice(a.rounding, ROUNDINGS, "attention.rounding")
+    problems += _choice(a.fix, FIXES, "attention.fix")
+    if a.backend == "sdpa" and (a.rounding, a.fix) != ("fa2", "none"):
+        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix} "
+                        "needs attention.backend=triton, reference or auto")
+    if a.fix.startswith("dynamic_max") and a.beta <= 1.0:
+        problems.append(f"attention.beta={a.beta} must be > 1 (the maximum is shifted by (beta - 1) x max)")
+    if a.eps < 0:
+        problems.append(f"attention.eps={a.eps} must be >= 0")
+    problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
+    problems += _choice(config.precision.fp8_recipe, ("delayed", "current"), "precision.fp8_recipe")
+    if p.tensor_parallel != 1 or p.pipeline_parallel != 1:
+        problems.append("parallel.tensor_parallel and parallel.pipeline_parallel > 1 are not implemented in this "
+                        "version; set both to 1 (data parallelism uses all processes)")
+    if p.zero_stage != 0:
+        problems.append("parallel.zero_stage > 0 (DeepSpeed ZeRO) is not wired in yet; set parallel.zero_stage=0")
+    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
+        problems.append(f"optim.lr={o.lr} must be > 0 and optim.min_lr={o.min_lr} in [0, lr]")
+    if o.warmup_steps < 0 or o.decay_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
+        problems.append("optim.warmup_steps, decay_steps, grad_clip and weight_decay must be >= 0")
+    if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
+        problems.append("optim.beta1 and optim.beta2 must be in [0, 1)")
+    if r.max_steps <= 0:
+        problems.append(f"run.max_steps={r.max_steps} must be positive")
+    if r.log_interval <= 0:
+        problems.append("run.log_interval must be positive")
+    problems += _choice(r.device, ("auto", "cuda", "cpu"), "run.device")
+    problems += _choice(config.guard.action, ("stop", "skip"), "guard.action")
+    for name in ("interval",):
+        if getattr(config.eval, name) < 0 or getattr(config.checkpoint, name) < 0:
+            problems.append("eval.interval and checkpoint.interval must be >= 0")
+    mon = config.monitor
+    if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0:
+        problems.append("monitor intervals must be >= 0, monitor.probe_batch_size and power_iterations > 0")
+    for layer in mon.delta_bias_layers or []:
+        if not 0 <= layer < m.n_layer:
+            problems.append(f"monitor.delta_bias_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
+    for name in (r.experiment, r.arm):
+        if not name or any(c in name for c in "/\\ ") or name.startswith("."):
+            problems.append(f"run name {name!r} must be a plain folder name (no slashes or spaces)")
+    if world_size is not None and d.micro_batch_size > 0 and not problems:
+        dp = world_size // (p.tensor_parallel * p.pipeline_parallel)
+        if d.global_batch_size % (d.micro_batch_size * dp):
+            problems.append(f"data.global_batch_size={d.global_batch_size} is not a multiple of "
+                            f"data.micro_batch_size={d.micro_batch_size} x data-parallel size {dp}")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Help text from the field docstrings
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of a dataclass, read from its source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe() -> str:
+    """Every configurable field with its type, default and docstring, section by section."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        if section.name == "arms":
+            lines.append(f"arms: {field_docs(Config)['arms']}\n")
+            continue
+        cls = section.default_factory  # type: ignore[misc]
+        lines.append(f"{section.name}:  ({cls.__doc__.strip().splitlines()[0]})")
+        docs = field_docs(cls)
+        default = cls()
+        for f in dataclasses.fields(cls):
+            lines.append(f"  {section.name}.{f.name} = {getattr(default, f.name)!r}")
+            lines.append(f"      {docs.get(f.name, '')}")
+        lines.append("")
+    return "\n".join(lines)

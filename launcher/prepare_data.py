@@ -1,0 +1,270 @@
+"""Turn text into token memmaps: ``python -m launcher.prepare_data [--source SRC] [--out DIR]``.
+
+Sources (all offline):
+  kjv (default)        the embedded corpus: the King James Bible (public domain), shipped as data/kjv.txt.xz
+  path(s)              local .txt / .json / .jsonl / .parquet files or folders of them, read with HF ``datasets``
+  a dataset name       a Hugging Face dataset already in the local cache (HF_DATASETS_OFFLINE=1 is enforced)
+
+Tokenizer: GPT-2 BPE through ``tiktoken`` when its two files are in tiktoken's local cache (``--tokenizer gpt2``;
+``auto`` uses it when present), otherwise a byte-level BPE trained on the corpus with HF ``tokenizers``.
+Nothing is downloaded.
+
+Output: DIR/train.bin, DIR/val.bin (flat token ids; documents separated by an end-of-text token), DIR/meta.json,
+and for a trained tokenizer DIR/tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EMBEDDED_CORPUS = REPO_ROOT / "data" / "kjv.txt.xz"
+GPT2_FILES = (
+    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+)
+EOT = "<|endoftext|>"
+
+
+class PrepareError(RuntimeError):
+    """A problem with the user's input to prepare_data; printed without a traceback."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def kjv_documents_file(work_dir: Path) -> Path:
+    """Write the embedded corpus as one paragraph per chapter (verse numbers removed) and return the file."""
+    out = work_dir / "kjv_chapters.txt"
+    if out.is_file():
+        return out
+    verse = re.compile(r"^([1-3]?[A-Za-z]+)(\d+):(\d+) (.*)$")
+    chapters: list[list[str]] = []
+    current = None
+    for line in lzma.open(EMBEDDED_CORPUS, "rt", encoding="utf-8"):
+        match = verse.match(line.rstrip("\n"))
+        if not match:
+            continue
+        key = (match.group(1), match.group(2))
+        if key != current:
+            chapters.append([])
+            current = key
+        chapters[-1].append(match.group(4).strip())
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("\n\n".join(" ".join(ch) for ch in chapters) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def load_source(source: list[str], text_field: str, work_dir: Path):
+    """A ``datasets.Dataset`` with one document per row in column 'text'."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never reach the hub, even for a dataset name
+    import datasets
+
+    datasets.disable_caching()
+    if source == ["kjv"]:
+        path = kjv_documents_file(work_dir)
+        return datasets.load_dataset("text", data_files=str(path), sample_by="paragraph", split="train")
+    paths = [Path(s) for s in source]
+    if all(p.exists() for p in paths):
+        files: list[str] = []
+        for p in paths:
+            files += [str(f) for f in sorted(p.rglob("*")) if f.is_file()] if p.is_dir() else [str(p)]
+        kinds = {Path(f).suffix.lower() for f in files}
+        builder = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+        unknown = kinds - set(builder)
+        if not files or unknown or len({builder[k] for k in kinds}) != 1:
+            raise PrepareError(f"--source files must all be .txt, all .json/.jsonl or all .parquet; found {sorted(kinds)}")
+        kind = builder[kinds.pop()]
+        kwargs = {"sample_by": "paragraph"} if kind == "text" else {}
+        ds = datasets.load_dataset(kind, data_files=files, split="train", **kwargs)
+    elif len(source) == 1 and not any(sep in source[0] for sep in ("./", ".txt", ".json")):
+        try:
+            ds = datasets.load_dataset(source[0], split="train")
+        except Exception as err:  # datasets raises several types for "not cached offline"
+            raise PrepareError(f"dataset '{source[0]}' could not be loaded offline ({type(err).__name__}: {err}). "
+                               "Only datasets already in the local Hugging Face cache work; otherwise pass local files.") from None
+    else:
+        missing = [str(p) for p in paths if not p.exists()]
+        raise PrepareError(f"--source: no such file or folder: {', '.join(missing)}")
+    if text_field not in ds.column_names:
+        raise PrepareError(f"the source has no column '{text_field}'; its columns are {ds.column_names}: pass --text-field")
+    if text_field != "text":
+        ds = ds.rename_column(text_field, "text")
+    return ds.select_columns(["text"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def gpt2_cached() -> bool:
+    """True when tiktoken's GPT-2 files are in its local cache (so loading them needs no network)."""
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
+        os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return all(os.path.isfile(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in GPT2_FILES)
+
+
+class Gpt2Tokenizer:
+    name = "gpt2 (tiktoken)"
+
+    def __init__(self):
+        import tiktoken
+
+        self.enc = tiktoken.get_encoding("gpt2")
+        self.eot_id = self.enc.eot_token
+        self.vocab_size = self.enc.n_vocab
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts)
+
+
+class TrainedBpeTokenizer:
+    name = "byte-level BPE (HF tokenizers, trained on the corpus)"
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.eot_id = tokenizer.token_to_id(EOT)
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    @classmethod
+    def train(cls, ds, vocab_size: int, out_dir: Path) -> "TrainedBpeTokenizer":
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator((row["text"] for row in ds), trainer=trainer, length=len(ds))
+        tok.save(str(out_dir / "tokenizer.json"))
+        return cls(tok)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts)]
+
+
+def choose_tokenizer(kind: str, ds, vocab_size: int, out_dir: Path):
+    if kind == "gpt2" or (kind == "auto" and gpt2_cached()):
+        if not gpt2_cached():
+            raise PrepareError("--tokenizer gpt2 needs tiktoken's GPT-2 files in its local cache (TIKTOKEN_CACHE_DIR); "
+                               "they are not there and nothing is downloaded. Use --tokenizer bpe (or auto).")
+        return Gpt2Tokenizer()
+    return TrainedBpeTokenizer.train(ds, vocab_size, out_dir)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_split(ds, tokenizer, path: Path, num_proc: int) -> int:
+    """Tokenize ``ds`` (progress bar from datasets) and write its ids, each document followed by EOT, to ``path``."""
+    eot = tokenizer.eot_id
+
+    def encode(batch):
+        ids = tokenizer.encode_batch(batch["text"])
+        return {"ids": [x + [eot] for x in ids], "n": [len(x) + 1 for x in ids]}
+
+    tokenized = ds.map(encode, batched=True, batch_size=256, remove_columns=["text"], num_proc=num_proc,
+                       desc=f"tokenizing {path.stem}")
+    total = int(np.sum(tokenized["n"], dtype=np.int64))
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    tmp = path.with_suffix(".tmp")
+    out = np.memmap(tmp, dtype=dtype, mode="w+", shape=(max(total, 1),))
+    pos = 0
+    from tqdm import tqdm
+
+    for row in tqdm(tokenized.iter(batch_size=1024), total=(len(tokenized) + 1023) // 1024, desc=f"writing {path.name}"):
+        flat = np.fromiter((t for ids in row["ids"] for t in ids), dtype=dtype)
+        out[pos:pos + len(flat)] = flat
+        pos += len(flat)
+    out.flush()
+    del out
+    tmp.replace(path)
+    return total
+
+
+def prepare(source: list[str], out_dir: Path, tokenizer: str = "auto", vocab_size: int = 8192,
+            val_fraction: float = 0.05, text_field: str = "text", seed: int = 0, num_proc: int = 1) -> dict:
+    """Prepare ``out_dir`` from ``source``; returns the meta dict written to meta.json."""
+    if not 0 < val_fraction < 1:
+        raise PrepareError(f"--val-fraction={val_fraction} must be between 0 and 1")
+    if vocab_size < 512:
+        raise PrepareError(f"--vocab-size={vocab_size} is too small for a byte-level BPE; use at least 512")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    ds = load_source(source, text_field, out_dir / "raw")
+    ds = ds.filter(lambda row: bool(row["text"].strip()), desc="dropping empty documents")
+    if len(ds) < 2:
+        raise PrepareError(f"the source holds {len(ds)} non-empty documents; need at least 2 (one for validation)")
+    print(f"[prepare] {len(ds)} documents from {' '.join(source)}", flush=True)
+    split = ds.train_test_split(test_size=val_fraction, seed=seed)
+    tok = choose_tokenizer(tokenizer, split["train"], vocab_size, out_dir)
+    print(f"[prepare] tokenizer: {tok.name}, vocabulary {tok.vocab_size}", flush=True)
+    counts = {name: write_split(split[key], tok, out_dir / f"{name}.bin", num_proc)
+              for name, key in (("train", "train"), ("val", "test"))}
+    meta = {
+        "source": source,
+        "tokenizer": tok.name,
+        "tokenizer_file": "tokenizer.json" if isinstance(tok, TrainedBpeTokenizer) else None,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        "dtype": "uint16" if tok.vocab_size <= 2**16 else "uint32",
+        "tokens": counts,
+        "documents": {"train": len(split["train"]), "val": len(split["test"])},
+        "seed": seed,
+    }
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+    print(f"[prepare] wrote {counts['train']:,} train and {counts['val']:,} val tokens to {out_dir} "
+          f"in {time.time() - started:.0f}s", flush=True)
+    return meta
+
+
+def ensure_prepared(data_dir: str | Path) -> None:
+    """Prepare the embedded corpus into ``data_dir`` if nothing is there yet (used by the main job)."""
+    data_dir = Path(data_dir)
+    if not (data_dir / "meta.json").is_file():
+        print(f"[prepare] {data_dir} has no prepared data: preparing the embedded corpus (kjv) once", flush=True)
+        prepare(["kjv"], data_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.prepare_data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", nargs="+", default=["kjv"], help="kjv, local files/folders, or a cached HF dataset name")
+    parser.add_argument("--out", default="data/cache/kjv", help="output folder (default: %(default)s)")
+    parser.add_argument("--tokenizer", choices=("auto", "gpt2", "bpe"), default="auto",
+                        help="gpt2 (tiktoken, needs its cached files), bpe (train one), auto (gpt2 if cached)")
+    parser.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained BPE (default: %(default)s)")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default: %(default)s)")
+    parser.add_argument("--text-field", default="text", help="column holding the text in json/parquet sources")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
+    parser.add_argument("--num-proc", type=int, default=1, help="processes for tokenization")
+    args = parser.parse_args(argv)
+    try:
+        prepare(args.source, Path(args.out), args.tokenizer, args.vocab_size, args.val_fraction, args.text_field,
+                args.seed, args.num_proc)
+    except PrepareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was left half-written (files are written under .tmp names and renamed)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

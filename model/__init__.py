@@ -1,0 +1,6 @@
+"""Plain single-device GPT model; parallelism and FP8 are applied from outside (see launcher/)."""
+
+from model.attention import AttentionConfig, build_attention, resolve_backend, sdpa_attention
+from model.gpt import GPT, GPTConfig
+
+__all__ = ["GPT", "GPTConfig", "AttentionConfig", "build_attention", "resolve_backend", "sdpa_attention"]
