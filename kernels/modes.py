@@ -1,0 +1,77 @@
+"""Numerics modes of flash attention (rounding x fix) and the argument checks both implementations share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.rounding import LOG2E
+
+ROUNDINGS = ("fa2", "paper")
+FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
+
+# Integer codes of the fixes inside the kernel (constexpr) and the reference.
+FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT = range(4)
+FIX_CODE = dict(zip(FIXES, range(4)))
+
+
+def _fp32(x: float) -> float:
+    """x rounded to the nearest FP32 value: scalars reach Triton kernels as FP32, so the reference uses the same."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Resolved mode and FP32 scalars of one attention call, identical for kernel and reference."""
+
+    paper: bool
+    fix: int
+    sm_scale: float  # 1/sqrt(head_dim), FP32
+    score_scale: float  # factor from q.k to the score domain: sm_scale (paper, nats) or sm_scale*log2(e) (fa2, bits)
+    beta: float
+    eps_cmp: float  # tie tolerance in the score domain: eps (paper) or eps*log2(e) (fa2)
+
+    @property
+    def keeps_fp32_output(self) -> bool:
+        return self.fix == FIX_FP32_OUTPUT
+
+
+def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str, fix: str, beta: float, eps: float,
+               allowed_dtypes: tuple[torch.dtype, ...]) -> Numerics:
+    """Validate shapes, dtypes and mode names; return the FP32 scalars of the mode. Errors say what to change."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
+    if fix not in FIXES:
+        raise ValueError(f"fix={fix!r} is not one of {FIXES}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (batch, heads, seq, head_dim); got shape {tuple(t.shape)}")
+        if t.dtype not in allowed_dtypes:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected one of {allowed_dtypes}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    (b, h, t, d), (bk, hk, tk, dk) = q.shape, k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if (bk, tk, dk) != (b, t, d):
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in batch, seq or head_dim "
+                         "(self-attention over one sequence length only)")
+    if hk < 1 or h % hk:
+        raise ValueError(f"q has {h} heads, k/v {hk}: grouped-query attention needs q heads divisible by k/v heads")
+    if d not in (16, 32, 64, 128):
+        raise ValueError(f"head_dim={d} is not supported; use 16, 32, 64 or 128")
+    if not (beta > 1.0):
+        raise ValueError(f"beta={beta} must be > 1 (the published rule shifts a repeated maximum to beta x max)")
+    if not (eps >= 0.0):
+        raise ValueError(f"eps={eps} must be >= 0")
+    paper = rounding == "paper"
+    sm_scale = _fp32(d**-0.5)
+    return Numerics(
+        paper=paper,
+        fix=FIX_CODE[fix],
+        sm_scale=sm_scale,
+        score_scale=sm_scale if paper else _fp32(d**-0.5 * LOG2E),
+        beta=_fp32(beta),
+        eps_cmp=_fp32(eps if paper else eps * LOG2E),
+    )

@@ -1,0 +1,227 @@
+"""Pure-PyTorch flash attention with the kernel's tiling and rounding points: the ground truth for rounding on CPU.
+
+The forward walks the key/value tiles in the kernel's order (block_n keys at a time, an online softmax per query
+row) with every query row at once: rows are independent, so the query tiling of the kernel (block_m) does not change
+a single bit of the forward, and a tile that the kernel skips (above the causal diagonal) is an exact no-op here.
+All matrix products run in FP32 on LP-valued operands (the products are exact, like a tensor-core MMA); every
+rounding to the LP dtype is explicit (``kernels.rounding.round_lp``).
+
+Rounding points per mode (LP = input dtype, bf16 or fp16):
+
+* ``fa2``: S = q.k * scale*log2(e) in FP32; P_bar = exp2(S - m) in FP32, rounded to LP for the P_bar V product;
+  FP32 running O and row sum l; one final rounding of O = O_acc / l.
+* ``paper`` (the authors' code under BF16 autocast): S = LP(q.k * scale); m from LP scores; P_bar =
+  exp(LP(S - m)) in FP32; the tile product LP(LP(P_bar) V); running O = LP(LP(O * alpha) + tile product);
+  l = LP(alpha * l + rowsum(P_bar)); O = LP(O / l); LSE = m + log(l) in FP32.
+
+Fixes change the per-tile, per-row maximum m (see ``_tile_max``) or, for ``fp32_output``, what the backward uses
+for delta. The backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.modes import FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, Numerics, check_args
+from kernels.rounding import LN2, LOG2E, round_lp, safe_shift
+
+_REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor, nm: Numerics,
+              lp: torch.dtype) -> torch.Tensor:
+    """The maximum m that a score tile ``s`` (..., rows, cols) contributes to the online softmax, per row.
+
+    none / fp32_output: the row maximum r_m. dynamic_max_published (the paper's rule): with r_s = #{S : r_m - S <=
+    eps}, m = beta*r_m if r_s > 1 and r_m > 0, m = 0 if r_s > 1 and r_m < 0, else r_m. dynamic_max (safe): m = r_m +
+    delta for every row, delta in [2^-6, 2^-6 + 0.5) from ``safe_shift``. Fully masked rows (r_m = -inf) stay -inf.
+    """
+    if nm.fix == FIX_SAFE:
+        return r_m + safe_shift(r_m, rows, bh)
+    if nm.fix == FIX_PUBLISHED:
+        r_s = ((r_m.unsqueeze(-1) - s) <= nm.eps_cmp).sum(-1)
+        tied = r_s > 1
+        scaled = r_m * nm.beta
+        if nm.paper:
+            scaled = round_lp(scaled, lp)  # the authors compute beta * max in bf16
+        m = torch.where(tied & (r_m > 0), scaled, r_m)
+        return torch.where(tied & (r_m < 0), torch.zeros_like(r_m), m)
+    return r_m
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat grouped k/v heads so that every q head has its own (GQA: q head h uses k/v head h // group)."""
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+@torch.no_grad()
+def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, nm: Numerics, block_n: int,
+                 kv_len: int | None = None):
+    """Tiled forward on LP tensors (k, v already expanded to q's heads).
+
+    Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output only) is the
+    normalised output without its final rounding; for rounding=paper it is a shadow FP32 accumulation of the same
+    per-tile products (before their rounding) with FP32 row sums. ``kv_len`` (testing only) masks keys >= kv_len.
+    Fully masked rows give O = 0 and LSE = -inf, except under the published rule, which divides 0 by 0 like the
+    authors' formula without their clamp.
+    """
+    lp = q.dtype
+    bsz, heads, seq, dim = q.shape
+    qf, kf, vf = q.float(), k.float(), v.float()
+    dev = q.device
+    rows = torch.arange(seq, device=dev).view(1, 1, seq)
+    bh = torch.arange(bsz * heads, device=dev).view(bsz, heads, 1)
+    acc = torch.zeros(bsz, heads, seq, dim, device=dev)
+    l_i = torch.zeros(bsz, heads, seq, device=dev)
+    m_i = torch.full((bsz, heads, seq), float("-inf"), device=dev)
+    shadow = nm.paper and nm.keeps_fp32_output
+    if shadow:
+        acc32, l32 = torch.zeros_like(acc), torch.zeros_like(l_i)
+    limit = seq if kv_len is None else kv_len
+    for n0 in range(0, seq, block_n):
+        n1 = min(n0 + block_n, seq)
+        qk = qf @ kf[:, :, n0:n1].transpose(-1, -2)
+        s = qk * nm.score_scale
+        if nm.paper:
+            s = round_lp(s, lp)
+        cols = torch.arange(n0, n1, device=dev).view(1, 1, 1, -1)
+        valid = cols < limit
+        if causal:
+            valid = valid & (cols <= rows.unsqueeze(-1))
+        s = s.masked_fill(~valid, float("-inf"))
+        r_m = s.amax(-1)
+        m_new = torch.maximum(m_i, _tile_max(s, r_m, rows, bh, nm, lp))
+        m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        vt = vf[:, :, n0:n1]
+        if nm.paper:
+            p = torch.exp2(round_lp(s - m_use.unsqueeze(-1), lp) * LOG2E)
+            alpha = torch.exp2(round_lp(m_i - m_use, lp) * LOG2E)
+            row_sum = p.sum(-1)
+            pv = round_lp(p, lp) @ vt
+            l_i = round_lp(alpha * l_i + row_sum, lp)
+            acc = round_lp(round_lp(acc * alpha.unsqueeze(-1), lp) + round_lp(pv, lp), lp)
+            if shadow:
+                acc32 = acc32 * alpha.unsqueeze(-1) + pv
+                l32 = l32 * alpha + row_sum
+        else:
+            p = torch.exp2(s - m_use.unsqueeze(-1))
+            alpha = torch.exp2(m_i - m_use)
+            l_i = l_i * alpha + p.sum(-1)
+            acc = acc * alpha.unsqueeze(-1) + round_lp(p, lp) @ vt
+        m_i = m_new
+    if nm.fix != FIX_PUBLISHED:
+        l_div = torch.where(l_i == 0, torch.ones_like(l_i), l_i)
+    else:
+        l_div = l_i
+    o32 = acc / l_div.unsqueeze(-1)
+    out = round_lp(o32, lp).to(lp)
+    if nm.paper:
+        lse = m_i + torch.log2(l_i) * LN2
+    else:
+        lse = (m_i + torch.log2(l_i)) * LN2
+    if not nm.keeps_fp32_output:
+        return out, lse, None
+    if shadow:
+        o32 = acc32 / torch.where(l32 == 0, torch.ones_like(l32), l32).unsqueeze(-1)
+    return out, lse, o32
+
+
+@torch.no_grad()
+def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor, lse: torch.Tensor,
+                  d_out: torch.Tensor, causal: bool, nm: Numerics, block_n: int):
+    """Flash backward on LP tensors (k, v expanded to q's heads): returns FP32 dq, dk, dv.
+
+    P = exp(S - LSE) is recomputed per key tile (S rounded to LP first for rounding=paper, as in the forward);
+    delta = rowsum(dO * O_saved) in FP32; dS = P * (dP - delta) with dP = dO V^T; P and dS are rounded to LP
+    as MMA operands: dV = LP(P)^T dO, dQ = scale * LP(dS) K, dK = scale * LP(dS)^T Q.
+    """
+    lp = q.dtype
+    seq = q.shape[2]
+    qf, kf, vf, dof = q.float(), k.float(), v.float(), d_out.to(lp).float()
+    delta = (dof * o_saved.float()).sum(-1, keepdim=True)
+    lse_s = (lse * LOG2E if not nm.paper else lse).unsqueeze(-1)
+    rows = torch.arange(seq, device=q.device).view(1, 1, seq, 1)
+    dq = torch.zeros_like(qf)
+    dk = torch.empty_like(kf)
+    dv = torch.empty_like(vf)
+    for n0 in range(0, seq, block_n):
+        n1 = min(n0 + block_n, seq)
+        kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]
+        s = (qf @ kt.transpose(-1, -2)) * nm.score_scale
+        if nm.paper:
+            p = torch.exp2((round_lp(s, lp) - lse_s) * LOG2E)
+        else:
+            p = torch.exp2(s - lse_s)
+        if causal:
+            cols = torch.arange(n0, n1, device=q.device).view(1, 1, 1, -1)
+            p = p.masked_fill(cols > rows, 0.0)
+        dv[:, :, n0:n1] = round_lp(p, lp).transpose(-1, -2) @ dof
+        dp = dof @ vt.transpose(-1, -2)
+        ds = round_lp(p * (dp - delta), lp)
+        dq += ds @ kt
+        dk[:, :, n0:n1] = ds.transpose(-1, -2) @ qf
+    return dq * nm.sm_scale, dk * nm.sm_scale, dv
+
+
+def _prepare(q, k, v, rounding, fix, beta, eps):
+    """Check arguments; FP32 inputs are rounded to bf16 (emulating BF16 autocast). Returns (q, k, v, Numerics)."""
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES)
+    if q.dtype == torch.float32:
+        q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    return q, k, v, nm
+
+
+def _check_blocks(block_m: int, block_n: int) -> None:
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if not (isinstance(b, int) and b >= 16 and b & (b - 1) == 0):
+            raise ValueError(f"{name}={b} must be a power of two >= 16 (the kernel's tile sizes)")
+
+
+class _ReferenceAttention(torch.autograd.Function):
+    """Autograd wrapper: the forward saves LSE and the O that delta uses; the backward is the flash backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n):
+        in_dtype = q.dtype
+        heads = q.shape[1]
+        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps)
+        out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
+        ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse)
+        ctx.args = (causal, nm, block_n, in_dtype)
+        return out.to(in_dtype)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        ql, kl, vl, o_saved, lse = ctx.saved_tensors
+        causal, nm, block_n, in_dtype = ctx.args
+        heads, kv_heads = ql.shape[1], kl.shape[1]
+        dq, dk, dv = backward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), o_saved, lse,
+                                   d_out.contiguous(), causal, nm, block_n)
+        if kv_heads != heads:
+            bsz, _, seq, dim = dk.shape
+            dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
+            dv = dv.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
+        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), None, None, None, None, None, None
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                        rounding: str = "fa2", fix: str = "none", beta: float = 2.0, eps: float = 1e-3,
+                        block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+    """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable.
+
+    q, k, v: (batch, heads, seq, head_dim) in bf16, fp16 or fp32; k/v may have fewer heads (grouped-query).
+    FP32 inputs are first rounded to bf16 (what BF16 autocast feeds attention) and O comes back in FP32 (its values
+    are bf16-representable); this is the path the model trains with on CPU. ``block_n`` must equal the kernel's key
+    tile for bit-level comparisons; ``block_m`` is accepted for symmetry with the kernel and changes no bit.
+    """
+    _check_blocks(block_m, block_n)
+    return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n)
+
+
+def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3,
+                           block_n: int = 64) -> torch.Tensor:
+    """The O that the reference backward uses for delta (LP O, or the FP32 O for fix=fp32_output)."""
+    heads = q.shape[1]
+    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps)
+    out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
+    return out if o32 is None else o32
