@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import difflib
 import inspect
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -468,10 +467,6 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                             f"data.micro_batch_size={d.micro_batch_size} x data-parallel size {dp}")
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-
-
-def world_size_from_env() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""Process-group setup for single-process, torchrun and SLURM (srun) launches."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    """Where this process sits; with one process every field is trivial and no process group exists."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_from_slurm() -> None:
+    """Map srun's SLURM_* variables onto torchrun's, so `srun python -m launcher.pretrain` works without torchrun."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) == 1:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if "MASTER_ADDR" not in os.environ:
+        raise RuntimeError("srun without torchrun needs MASTER_ADDR (the first node's address); slurm/*.sh sets it")
+
+
+def world_size_from_env() -> int:
+    """Number of processes this launch has (torchrun's WORLD_SIZE or srun's SLURM_NTASKS)."""
+    _env_from_slurm()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("run.device=cuda but no CUDA GPU is visible; use run.device=cpu or auto")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init(requested_device: str = "auto") -> DistInfo:
+    """Initialise torch.distributed from env:// when launched with several processes (gloo on CPU, NCCL on GPU)."""
+    _env_from_slurm()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(requested_device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend=backend, init_method="env://", timeout=datetime.timedelta(minutes=10), **kwargs)
+    return DistInfo(rank, world, local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_ranks_agree(flag: bool, info: DistInfo) -> bool:
+    """True if ``flag`` is true on any rank (used so every rank stops at the same step)."""
+    if not info.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    if not info.distributed:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
