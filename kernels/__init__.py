@@ -1,6 +1,50 @@
-"""Flash attention with explicit, selectable rounding (Qiu & Yao, arXiv 2510.04212): Triton kernel and reference."""
+"""Flash attention with explicit, selectable rounding (Qiu & Yao, arXiv 2510.04212): Triton kernel and reference.
+
+``flash_attention`` runs the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1, for tests);
+``reference_attention`` is the PyTorch implementation of the same tiling and rounding points (CPU training path and
+ground truth); ``saved_output`` returns the O that the backward uses for delta = rowsum(dO * O). Modes: ``rounding``
+in ROUNDINGS x ``fix`` in FIXES; see docs/attention-kernel.md.
+
+The Triton module is imported on first use, so that importing ``kernels`` needs no GPU and so that a test can set
+TRITON_INTERPRET=1 before the kernels are defined.
+"""
+
+from __future__ import annotations
+
+import torch
 
 from kernels.modes import FIXES, ROUNDINGS
-from kernels.reference import reference_attention
+from kernels.reference import reference_attention, reference_saved_output
 
 __all__ = ["ROUNDINGS", "FIXES", "flash_attention", "reference_attention", "saved_output"]
+
+BACKENDS = ("reference", "triton")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3) -> torch.Tensor:
+    """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
+
+    q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
+    (grouped-query attention). Returns O in the input dtype. ``rounding``: fa2 | paper; ``fix``: none |
+    dynamic_max (safe, default fix) | dynamic_max_published (the paper's rule, can underflow to NaN) |
+    fp32_output (delta from an FP32 O). ``beta`` and ``eps`` parametrise the published rule.
+    """
+    from kernels import triton_flash
+
+    return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps)
+
+
+def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",
+                 fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference") -> torch.Tensor:
+    """The O tensor that the backward uses for delta = rowsum(dO * O) in this mode (forward only, no graph).
+
+    LP O (input dtype; bf16 for FP32 inputs on the reference backend), or the FP32 O for fix=fp32_output.
+    """
+    if backend == "reference":
+        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps)
+    if backend == "triton":
+        from kernels import triton_flash
+
+        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps)
+    raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")

@@ -1,0 +1,621 @@
+"""Triton flash attention (FA2-style forward and backward) with explicit, selectable rounding points.
+
+Same numerics as ``kernels.reference`` (see its docstring for the rounding points of each mode). Where the GPU's
+own casts are already round-to-nearest-even they are used; under the Triton interpreter (``TRITON_INTERPRET=1``,
+read when this module is first imported) every rounding is done on the FP32 bit pattern instead, because the
+interpreter's fp32 -> bf16 cast truncates, and every matrix product runs on FP32 operands holding LP values,
+because the interpreter's bf16 ``tl.dot`` is wrong. Both choices are compile-time flags (EXPLICIT).
+
+Layout: q, k, v are (batch, heads, seq, head_dim), k/v may have fewer heads (grouped-query attention). The forward
+saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised O. The backward is three
+launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of its group, so no
+atomics); dQ per query tile.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.modes import Numerics, check_args
+
+INTERPRET = bool(triton.knobs.runtime.interpret)
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rounding helpers (device side)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rne_bf16_bits(x):
+    """FP32 -> nearest bf16 value (ties to even) on the bit pattern; returns FP32. NaN stays NaN."""
+    b = x.to(tl.int32, bitcast=True)
+    b = (b + (0x7FFF + ((b >> 16) & 1))) & -65536
+    return tl.where(x != x, x, b.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _round_lp(x, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Round FP32 x to the LP dtype (RNE), keeping FP32. Explicit bit rounding only where the cast would truncate."""
+    if IS_BF16:
+        if EXPLICIT:
+            y = _rne_bf16_bits(x)
+        else:
+            y = x.to(tl.bfloat16).to(tl.float32)
+    else:
+        y = x.to(tl.float16).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _lp_operand(x, LP: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """FP32 x as an MMA operand in LP: the LP tensor on a GPU, FP32 holding the RNE-rounded values when interpreting."""
+    if EXPLICIT:
+        y = _round_lp(x, IS_BF16, EXPLICIT)
+    else:
+        y = x.to(LP)
+    return y
+
+
+@triton.jit
+def _loaded_operand(x, EXPLICIT: tl.constexpr):
+    """A loaded LP tensor as an MMA operand (upcast to FP32 when interpreting: exact)."""
+    if EXPLICIT:
+        y = x.to(tl.float32)
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _mma(a, b, acc, EXPLICIT: tl.constexpr):
+    """a @ b (+ acc) with FP32 accumulation; when interpreting, operands are FP32 and the product is exact IEEE."""
+    if EXPLICIT:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _safe_shift(r_m, rows, bh):
+    """Shift of the safe dynamic_max fix: delta in [2^-6, 2^-6 + 0.5), hashed from (bh, row, bf16 bits of r_m).
+
+    uint32 arithmetic wraps modulo 2^32, matching ``kernels.rounding.safe_shift`` (int64 masked to 32 bits).
+    """
+    rm = tl.where(r_m == 0.0, 0.0, r_m)
+    rbits = _rne_bf16_bits(rm).to(tl.uint32, bitcast=True) >> 16
+    key = rbits ^ (rows.to(tl.uint32) * 0x9E3779B1) ^ (bh.to(tl.uint32) * 0x85EBCA77)
+    key = ((key >> 16) ^ key) * 0x045D9F3B
+    key = ((key >> 16) ^ key) * 0x045D9F3B
+    key = (key >> 16) ^ key
+    u = (key & 0xFFFF).to(tl.float32)
+    return u * 7.62939453125e-06 + 0.015625
+
+
+@triton.jit
+def _tile_max(s, r_m, rows, bh, beta, eps_cmp, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
+              EXPLICIT: tl.constexpr):
+    """Maximum that score tile s contributes to the online softmax, per row (see reference._tile_max)."""
+    if FIX == 1:  # dynamic_max (safe): bounded, per-row varying shift of every row's maximum
+        m = r_m + _safe_shift(r_m, rows, bh)
+    elif FIX == 2:  # dynamic_max_published
+        r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
+        tied = r_s > 1
+        scaled = r_m * beta
+        if PAPER:
+            scaled = _round_lp(scaled, IS_BF16, EXPLICIT)
+        m = tl.where(tied & (r_m > 0), scaled, r_m)
+        m = tl.where(tied & (r_m < 0), 0.0, m)
+    else:
+        m = r_m
+    return m
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh, T, lo, hi,
+               score_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
+               EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
+    """Online softmax over key tiles [lo, hi): MASKED adds the causal and ragged-tail masks."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
+        v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
+        else:
+            kt = tl.load(kt_ptrs)
+        s = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT) * score_scale
+        if PAPER:
+            s = _round_lp(s, IS_BF16, EXPLICIT)
+        if MASKED:
+            valid = cols[None, :] < T
+            if CAUSAL:
+                valid = valid & (offs_m[:, None] >= cols[None, :])
+            s = tl.where(valid, s, float("-inf"))
+        r_m = tl.max(s, 1)
+        m_new = tl.maximum(m_i, _tile_max(s, r_m, offs_m, bh, beta, eps_cmp, PAPER, FIX, IS_BF16, EXPLICIT))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        v = _loaded_operand(v, EXPLICIT)
+        if PAPER:
+            p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * 1.4426950408889634)
+            alpha = tl.exp2(_round_lp(m_i - m_use, IS_BF16, EXPLICIT) * 1.4426950408889634)
+            row_sum = tl.sum(p, 1)
+            pv = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, None, EXPLICIT)
+            l_i = _round_lp(alpha * l_i + row_sum, IS_BF16, EXPLICIT)
+            acc = _round_lp(_round_lp(acc * alpha[:, None], IS_BF16, EXPLICIT) + _round_lp(pv, IS_BF16, EXPLICIT),
+                            IS_BF16, EXPLICIT)
+            if SHADOW:
+                acc32 = acc32 * alpha[:, None] + pv
+                l32 = l32 * alpha + row_sum
+        else:
+            p = tl.exp2(s - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, acc * alpha[:, None], EXPLICIT)
+        m_i = m_new
+    return acc, l_i, m_i, acc32, l32
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
+                stride_vh, stride_vt, H, GROUP, T, score_scale, beta, eps_cmp, HEAD_DIM: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
+                FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    LP: tl.constexpr = O.dtype.element_ty
+    SHADOW: tl.constexpr = PAPER and FIX == 3
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest causal tiles first
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    q = _loaded_operand(q, EXPLICIT)
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if SHADOW:
+        acc32 = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        l32 = tl.zeros([BLOCK_M], tl.float32)
+    else:
+        acc32 = tl.zeros([1, 1], tl.float32)
+        l32 = tl.zeros([1], tl.float32)
+    if CAUSAL:
+        full_hi = start_m * BLOCK_M  # key tiles left of the diagonal block: every entry valid
+        hi = tl.minimum((start_m + 1) * BLOCK_M, T)
+    else:
+        full_hi = (T // BLOCK_N) * BLOCK_N
+        hi = T
+    acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                           offs_d, bh, T, 0, full_hi, score_scale, beta, eps_cmp, LP, BLOCK_N, False,
+                                           CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
+    acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                           offs_d, bh, T, full_hi, hi, score_scale, beta, eps_cmp, LP, BLOCK_N, True,
+                                           CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
+    if FIX == 2:
+        l_div = l_i  # the published rule divides 0 by 0 when a row underflows (the authors clamp; we do not)
+    else:
+        l_div = tl.where(l_i == 0.0, 1.0, l_i)  # fully masked rows only: O = 0
+    if EXPLICIT:
+        o32 = acc / l_div[:, None]
+    else:
+        o32 = tl.math.div_rn(acc, l_div[:, None])
+    o_off = bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    if EXPLICIT:
+        tl.store(O + o_off, _round_lp(o32, IS_BF16, EXPLICIT).to(LP), mask=row_ok[:, None])
+    else:
+        tl.store(O + o_off, o32.to(LP), mask=row_ok[:, None])
+    if PAPER:
+        lse = m_i + tl.log2(l_i) * 0.6931471805599453
+    else:
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+    tl.store(LSE + bh * T + offs_m, lse, mask=row_ok)
+    if FIX == 3:
+        if SHADOW:
+            l32 = tl.where(l32 == 0.0, 1.0, l32)
+            if EXPLICIT:
+                o32 = acc32 / l32[:, None]
+            else:
+                o32 = tl.math.div_rn(acc32, l32[:, None])
+        tl.store(O32 + o_off, o32, mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_delta_kernel(OS, DO, DELTA, T, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO * O_saved) in FP32; O_saved is the LP O or the FP32 O (fix=fp32_output)."""
+    bh = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    off = bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    ok = offs_m[:, None] < T
+    o = tl.load(OS + off, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + off, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
+
+
+@triton.jit
+def _probs_t(k, qt, lse, score_scale, PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """P^T of a (key tile x query tile) block recomputed from LSE (natural log), scores rounded as in the forward."""
+    st = _mma(k, qt, None, EXPLICIT) * score_scale
+    if PAPER:
+        pt = tl.exp2((_round_lp(st, IS_BF16, EXPLICIT) - lse[None, :]) * 1.4426950408889634)
+    else:
+        pt = tl.exp2(st - (lse * 1.4426950408889634)[None, :])
+    return pt
+
+
+@triton.jit
+def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T, lo, hi,
+                    score_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
+                    EXPLICIT: tl.constexpr):
+    """Accumulate dK^T-side products of one key tile over query tiles [lo, hi) of one head."""
+    offs_m = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        qt_ptrs = q_base + rows[None, :] * stride_qt + offs_d[:, None]
+        do_ptrs = do_base + rows[:, None] * HEAD_DIM + offs_d[None, :]
+        if MASKED:
+            qt = tl.load(qt_ptrs, mask=rows[None, :] < T, other=0.0)
+            do = tl.load(do_ptrs, mask=rows[:, None] < T, other=0.0)
+            lse = tl.load(lse_base + rows, mask=rows < T, other=0.0)
+            delta = tl.load(delta_base + rows, mask=rows < T, other=0.0)
+        else:
+            qt = tl.load(qt_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_base + rows)
+            delta = tl.load(delta_base + rows)
+        qt = _loaded_operand(qt, EXPLICIT)
+        do = _loaded_operand(do, EXPLICIT)
+        pt = _probs_t(k, qt, lse, score_scale, PAPER, IS_BF16, EXPLICIT)
+        if MASKED:
+            valid = (rows[None, :] < T) & (cols[:, None] < T)
+            if CAUSAL:
+                valid = valid & (rows[None, :] >= cols[:, None])
+            pt = tl.where(valid, pt, 0.0)
+        dv = _mma(_lp_operand(pt, LP, IS_BF16, EXPLICIT), do, dv, EXPLICIT)
+        dpt = _mma(v, tl.trans(do), None, EXPLICIT)
+        dst = pt * (dpt - delta[None, :])
+        dk = _mma(_lp_operand(dst, LP, IS_BF16, EXPLICIT), tl.trans(qt), dk, EXPLICIT)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
+                     stride_kt, stride_vb, stride_vh, stride_vt, H, GROUP, T, score_scale, sm_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                     PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """dK and dV of one key tile of one k/v head, summed over the GROUP query heads that share it."""
+    LP: tl.constexpr = DK.dtype.element_ty
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)
+    h_kv = H // GROUP
+    b = bhk // h_kv
+    hk = bhk % h_kv
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = cols[:, None] < T
+    k = tl.load(K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kt + offs_d[None, :], mask=col_ok,
+                other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok,
+                other=0.0)
+    k = _loaded_operand(k, EXPLICIT)
+    v = _loaded_operand(v, EXPLICIT)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        m_lo = (start_n // BLOCK_M) * BLOCK_M
+        m_diag = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles that cross the diagonal
+    else:
+        m_lo = 0
+        m_diag = 0
+    full_end = (T // BLOCK_M) * BLOCK_M
+    m_end = tl.cdiv(T, BLOCK_M) * BLOCK_M
+    m_diag = tl.minimum(m_diag, m_end)
+    tail_lo = tl.maximum(m_diag, full_end)
+    for g in range(GROUP):
+        bh = b * H + hk * GROUP + g
+        q_base = Q + b * stride_qb + (hk * GROUP + g) * stride_qh
+        do_base = DO + bh * T * HEAD_DIM
+        lse_base = LSE + bh * T
+        delta_base = DELTA + bh * T
+        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T,
+                                 m_lo, m_diag, score_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
+                                 EXPLICIT)
+        if start_n + BLOCK_N <= T:
+            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d,
+                                     T, m_diag, full_end, score_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER,
+                                     IS_BF16, EXPLICIT)
+        else:
+            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d,
+                                     T, m_diag, full_end, score_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER,
+                                     IS_BF16, EXPLICIT)
+        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T,
+                                 tail_lo, m_end, score_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
+                                 EXPLICIT)
+    dk = dk * sm_scale
+    out_off = bhk * T * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :]
+    if EXPLICIT:
+        dk = _round_lp(dk, IS_BF16, EXPLICIT)
+        dv = _round_lp(dv, IS_BF16, EXPLICIT)
+    tl.store(DK + out_off, dk.to(LP), mask=col_ok)
+    tl.store(DV + out_off, dv.to(LP), mask=col_ok)
+
+
+@triton.jit
+def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi, score_scale,
+                  LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                  PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    lse2 = lse * 1.4426950408889634
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
+        vt_ptrs = v_base + cols[None, :] * stride_vt + offs_d[:, None]
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
+            vt = tl.load(vt_ptrs, mask=cols[None, :] < T, other=0.0)
+        else:
+            kt = tl.load(kt_ptrs)
+            vt = tl.load(vt_ptrs)
+        kt = _loaded_operand(kt, EXPLICIT)
+        vt = _loaded_operand(vt, EXPLICIT)
+        s = _mma(q, kt, None, EXPLICIT) * score_scale
+        if PAPER:
+            p = tl.exp2((_round_lp(s, IS_BF16, EXPLICIT) - lse[:, None]) * 1.4426950408889634)
+        else:
+            p = tl.exp2(s - lse2[:, None])
+        if MASKED:
+            valid = (rows[:, None] < T) & (cols[None, :] < T)
+            if CAUSAL:
+                valid = valid & (rows[:, None] >= cols[None, :])
+            p = tl.where(valid, p, 0.0)
+        dp = _mma(do, vt, None, EXPLICIT)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(_lp_operand(ds, LP, IS_BF16, EXPLICIT), tl.trans(kt), dq, EXPLICIT)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                   stride_vb, stride_vh, stride_vt, H, GROUP, T, score_scale, sm_scale, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
+                   IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """dQ of one query tile of one head."""
+    LP: tl.constexpr = DQ.dtype.element_ty
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = rows < T
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    off = bh * T * HEAD_DIM + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    do = tl.load(DO + off, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + bh * T + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * T + rows, mask=row_ok, other=0.0)
+    q = _loaded_operand(q, EXPLICIT)
+    do = _loaded_operand(do, EXPLICIT)
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        full_hi = (start_m // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(start_m + BLOCK_M, T)
+    else:
+        full_hi = (T // BLOCK_N) * BLOCK_N
+        hi = T
+    if start_m + BLOCK_M <= T:
+        dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, 0, full_hi,
+                           score_scale, LP, BLOCK_N, False, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+    else:
+        dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, 0, full_hi,
+                           score_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+    dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, full_hi, hi,
+                       score_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+    dq = dq * sm_scale
+    if EXPLICIT:
+        dq = _round_lp(dq, IS_BF16, EXPLICIT)
+    tl.store(DQ + off, dq.to(LP), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launch configuration: autotuned on the GPU, fixed when interpreting (or with SLA_ATTN_AUTOTUNE=0)
+# ----------------------------------------------------------------------------------------------------------------
+
+FIXED_FWD = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+FIXED_DKDV = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+FIXED_DQ = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def _configs(shapes):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in shapes]
+
+
+_FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "FIX", "IS_BF16"]
+_BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
+_fwd_tuned = triton.autotune(
+    _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]), key=_FWD_KEY)(_fwd_kernel)
+_dkdv_tuned = triton.autotune(
+    _configs([(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(
+    _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dq_kernel)
+
+
+def _autotune() -> bool:
+    return not INTERPRET and os.environ.get("SLA_ATTN_AUTOTUNE", "1") != "0"
+
+
+def forward_block_n() -> int:
+    """Key-tile size of the most recent forward launch (the reference needs the same block_n to match bits)."""
+    if _autotune() and _fwd_tuned.best_config is not None:
+        return _fwd_tuned.best_config.kwargs["BLOCK_N"]
+    return FIXED_FWD["BLOCK_N"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_device(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if INTERPRET and t.device.type != "cpu":
+            raise RuntimeError("TRITON_INTERPRET=1 was set when kernels.triton_flash was imported: the interpreter "
+                               "runs on CPU tensors only. Unset it for CUDA tensors (in a fresh process).")
+        if not INTERPRET and t.device.type != "cuda":
+            raise RuntimeError("kernels.flash_attention needs CUDA tensors. On CPU use kernels.reference_attention "
+                               "(same numerics), or set TRITON_INTERPRET=1 before importing kernels.triton_flash "
+                               "(tests only: the interpreter is slow).")
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _numerics(q, k, v, rounding, fix, beta, eps) -> Numerics:
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES)
+    _check_device(q, k, v)
+    return nm
+
+
+def _forward(q, k, v, causal: bool, nm: Numerics):
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    bsz, heads, seq, dim = q.shape
+    group = heads // k.shape[1]
+    out = torch.empty((bsz, heads, seq, dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((bsz, heads, seq), dtype=torch.float32, device=q.device)
+    o32 = (torch.empty((bsz, heads, seq, dim), dtype=torch.float32, device=q.device) if nm.keeps_fp32_output
+           else torch.empty((0,), dtype=torch.float32, device=q.device))
+    args = (q, k, v, out, o32, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq,
+            nm.score_scale, nm.beta, nm.eps_cmp)
+    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, FIX=nm.fix, IS_BF16=q.dtype == torch.bfloat16,
+                EXPLICIT=INTERPRET)
+    if _autotune():
+        _fwd_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_M"]), bsz * heads)](*args, **meta)
+    else:
+        _fwd_kernel[(triton.cdiv(seq, FIXED_FWD["BLOCK_M"]), bsz * heads)](*args, **meta, **FIXED_FWD)
+    return out, lse, o32
+
+
+def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    d_out = d_out.to(q.dtype).contiguous()
+    o_saved = o_saved.contiguous()
+    bsz, heads, seq, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    delta = torch.empty((bsz, heads, seq), dtype=torch.float32, device=q.device)
+    _bwd_delta_kernel[(triton.cdiv(seq, 64), bsz * heads)](o_saved, d_out, delta, seq, HEAD_DIM=dim, BLOCK_M=64)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty((bsz, kv_heads, seq, dim), dtype=k.dtype, device=k.device)
+    dv = torch.empty((bsz, kv_heads, seq, dim), dtype=v.dtype, device=v.device)
+    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq, nm.score_scale, nm.sm_scale)
+    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
+    if _autotune():
+        _dkdv_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_N"]), bsz * kv_heads)](
+            q, k, v, d_out, lse, delta, dk, dv, *common, **meta)
+        _dq_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_M"]), bsz * heads)](
+            q, k, v, d_out, lse, delta, dq, *common, **meta)
+    else:
+        _bwd_dkdv_kernel[(triton.cdiv(seq, FIXED_DKDV["BLOCK_N"]), bsz * kv_heads)](
+            q, k, v, d_out, lse, delta, dk, dv, *common, **meta, **FIXED_DKDV)
+        _bwd_dq_kernel[(triton.cdiv(seq, FIXED_DQ["BLOCK_M"]), bsz * heads)](
+            q, k, v, d_out, lse, delta, dq, *common, **meta, **FIXED_DQ)
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch custom ops (opaque to torch.compile) and autograd
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("sla_attention::flash_fwd", mutates_args=())
+def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output else an empty tensor)."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps)
+    return _forward(q, k, v, causal, nm)
+
+
+@flash_fwd.register_fake
+def _(q, k, v, causal, rounding, fix, beta, eps):
+    bsz, heads, seq, dim = q.shape
+    out = q.new_empty((bsz, heads, seq, dim))
+    lse = q.new_empty((bsz, heads, seq), dtype=torch.float32)
+    o32 = q.new_empty((bsz, heads, seq, dim) if fix == "fp32_output" else (0,), dtype=torch.float32)
+    return out, lse, o32
+
+
+@torch.library.custom_op("sla_attention::flash_bwd", mutates_args=())
+def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor,
+              lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps)
+    return _backward(d_out, q, k, v, o_saved, lse, causal, nm)
+
+
+@flash_bwd.register_fake
+def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, rounding, fix, beta, eps = inputs
+    out, lse, o32 = output
+    ctx.save_for_backward(q, k, v, o32 if fix == "fp32_output" else out, lse)
+    ctx.args = (causal, rounding, fix, beta, eps)
+
+
+def _backward_rule(ctx, d_out, _d_lse, _d_o32):
+    q, k, v, o_saved, lse = ctx.saved_tensors
+    dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3) -> torch.Tensor:
+    """Triton flash attention; see ``kernels.flash_attention``."""
+    _numerics(q, k, v, rounding, fix, beta, eps)  # clear errors before the op boundary
+    return flash_fwd(q, k, v, causal, rounding, fix, beta, eps)[0]
+
+
+def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3) -> torch.Tensor:
+    """The O that this kernel's backward uses for delta (forward only, no autograd graph)."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps)
+    with torch.no_grad():
+        out, _, o32 = _forward(q, k, v, causal, nm)
+    return o32 if nm.keeps_fp32_output else out
