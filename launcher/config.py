@@ -23,11 +23,9 @@ from typing import Any, Optional
 
 import yaml
 
+from kernels.modes import FIXES, ROUNDINGS
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
-
-ROUNDINGS = ("fa2", "paper")
-FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
 
 
 class ConfigError(ValueError):

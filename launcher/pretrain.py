@@ -236,7 +236,7 @@ def train_arm(config: Config, info: distributed.DistInfo) -> ArmResult:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
         # purge_step drops events an interrupted earlier process logged past the checkpoint we resume from
-        writer = SummaryWriter(str(run_dir), purge_step=start_step if start_step else None)
+        writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if start_step else None)
         if start_step == 0:
             writer.add_text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
 

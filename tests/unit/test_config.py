@@ -1,0 +1,92 @@
+"""Recipes load, overrides apply, and bad configs fail up front with messages that say what to change."""
+
+import pytest
+
+from launcher.config import ConfigError, arm_names, build_config, describe, load_config, load_recipe, parse_overrides
+
+
+@pytest.mark.parametrize("recipe", ["smoke", "gpt2_small_paper", "gpt_1p3b_fp8"])
+def test_shipped_recipes_are_valid(recipe):
+    for arm in arm_names(load_recipe(recipe)):
+        config = load_config(recipe, arm=arm)
+        assert config.run.arm == arm
+
+
+def test_paper_recipe_matches_the_paper_setup():
+    c = load_config("gpt2_small_paper")
+    assert (c.model.n_layer, c.model.n_head, c.model.d_model, c.model.max_seq_len) == (12, 12, 768, 1024)
+    assert (c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.optim.weight_decay) == (1e-3, 1e-5, 2000, 0.0)
+    assert (c.optim.beta1, c.optim.beta2, c.optim.grad_clip) == (0.9, 0.95, 1.0)
+    assert not c.model.bias and c.precision.dtype == "bf16"
+    assert c.data.global_batch_size * c.data.seq_len == 327_680
+
+
+def test_arms_differ_only_in_attention():
+    tree = load_recipe("smoke")
+    base, fixed = build_config(tree, "baseline"), build_config(tree, "fixed")
+    assert (base.attention.rounding, base.attention.fix) == ("paper", "none")
+    assert (fixed.attention.rounding, fixed.attention.fix) == ("paper", "dynamic_max")
+    a, b = base.to_dict(), fixed.to_dict()
+    assert {k for k in a if a[k] != b[k]} == {"attention", "run"}
+    assert {k for k in a["run"] if a["run"][k] != b["run"][k]} == {"arm"}
+
+
+def test_overrides_are_typed():
+    c = load_config("smoke", ["optim.lr=1e-3", "model.n_layer=3", "model.bias=true", "monitor.delta_bias_layers=[0,1]"])
+    assert c.optim.lr == 1e-3 and isinstance(c.optim.lr, float)
+    assert c.model.n_layer == 3 and c.model.bias is True and c.monitor.delta_bias_layers == [0, 1]
+
+
+def test_arm_override_from_cli():
+    c = load_config("smoke", ["arms.fixed.attention.beta=4"], arm="fixed")
+    assert c.attention.beta == 4.0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.n_layers=3"], "Did you mean 'n_layer'"),
+    (["modle.n_layer=3"], "Did you mean 'model'"),
+    (["model.n_head=3"], "must divide model.d_model"),
+    (["data.seq_len=4096"], "longer than model.max_seq_len"),
+    (["data.global_batch_size=12", "data.micro_batch_size=8"], "not a multiple of"),
+    (["attention.backend=sdpa", "arms.baseline.attention.rounding=paper"], "needs attention.backend"),
+    (["arms.baseline.attention.fix=dynamic_max", "attention.beta=1"], "must be > 1"),
+    (["arms.baseline.attention.fix=nope"], "attention.fix='nope' is not one of"),
+    (["optim.lr=fast"], "optim.lr must be a number"),
+    (["model.n_layer=2.5"], "model.n_layer must be an integer"),
+    (["parallel.tensor_parallel=2"], "not implemented"),
+    (["monitor.delta_bias_layers=[7]"], "layers are 0..3"),
+    (["lr=3"], "needs a section and a field"),
+    (["optim.lr"], "not of the form"),
+])
+def test_bad_configs_say_what_to_change(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        load_config("smoke", overrides)
+
+
+def test_world_size_divides_batch():
+    with pytest.raises(ConfigError, match="data-parallel size 3"):
+        load_config("smoke", world_size=3)
+
+
+def test_arms_may_not_change_other_sections():
+    tree = load_recipe("smoke", ["arms.fixed.optim.lr=1"])
+    with pytest.raises(ConfigError, match="may differ only in 'attention'"):
+        build_config(tree, "fixed")
+
+
+def test_unknown_arm_and_recipe():
+    with pytest.raises(ConfigError, match="its arms are: baseline, fixed"):
+        load_config("smoke", arm="treatment")
+    with pytest.raises(ConfigError, match="one of: .*smoke"):
+        load_recipe("no_such_recipe")
+
+
+def test_every_field_is_documented():
+    text = describe()
+    undocumented = [a for a, b in zip(text.splitlines(), text.splitlines()[1:]) if a.startswith("  ") and " = " in a
+                    and not b.strip()]
+    assert not undocumented, f"fields without a docstring: {undocumented}"
+
+
+def test_parse_overrides_nests():
+    assert parse_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
