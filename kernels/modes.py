@@ -15,6 +15,11 @@ FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
 FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT = range(4)
 FIX_CODE = dict(zip(FIXES, range(4)))
 
+# Safe dynamic_max counts as tied every score whose P_bar would round to exactly 1 next to the maximum: within
+# ln(1 / (1 - 2^-9)) ~ 0.00196 (bf16) or ~0.00024 (fp16) of it. The published eps = 1e-3 misses part of the bf16 band,
+# so the safe fix uses max(eps, TIE_GAP[dtype]) (nats).
+TIE_GAP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
 
 def _fp32(x: float) -> float:
     """x rounded to the nearest FP32 value: scalars reach Triton kernels as FP32, so the reference uses the same."""
@@ -30,7 +35,7 @@ class Numerics:
     sm_scale: float  # 1/sqrt(head_dim), FP32
     score_scale: float  # factor from q.k to the score domain: sm_scale (paper, nats) or sm_scale*log2(e) (fa2, bits)
     beta: float
-    eps_cmp: float  # tie tolerance in the score domain: eps (paper) or eps*log2(e) (fa2)
+    eps_cmp: float  # tie tolerance in the score domain: eps (paper) or eps*log2(e) (fa2); widened for dynamic_max
 
     @property
     def keeps_fp32_output(self) -> bool:
@@ -67,6 +72,8 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
         raise ValueError(f"eps={eps} must be >= 0")
     paper = rounding == "paper"
     sm_scale = _fp32(d**-0.5)
+    if fix == "dynamic_max":
+        eps = max(eps, TIE_GAP.get(q.dtype, TIE_GAP[torch.bfloat16]))  # fp32 inputs are rounded to bf16
     return Numerics(
         paper=paper,
         fix=FIX_CODE[fix],

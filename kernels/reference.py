@@ -36,17 +36,18 @@ def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.
     eps}, m = beta*r_m if r_s > 1 and r_m > 0, m = 0 if r_s > 1 and r_m < 0, else r_m. dynamic_max (safe): m = r_m +
     delta for every row, delta in [2^-6, 2^-6 + 0.5) from ``safe_shift``. Fully masked rows (r_m = -inf) stay -inf.
     """
+    if nm.fix not in (FIX_SAFE, FIX_PUBLISHED):
+        return r_m
+    r_s = ((r_m.unsqueeze(-1) - s) <= nm.eps_cmp).sum(-1)
+    tied = r_s > 1
     if nm.fix == FIX_SAFE:
-        return r_m + safe_shift(r_m, rows, bh)
-    if nm.fix == FIX_PUBLISHED:
-        r_s = ((r_m.unsqueeze(-1) - s) <= nm.eps_cmp).sum(-1)
-        tied = r_s > 1
+        return torch.where(tied, r_m + safe_shift(r_m, rows, bh), r_m)
+    else:
         scaled = r_m * nm.beta
         if nm.paper:
             scaled = round_lp(scaled, lp)  # the authors compute beta * max in bf16
         m = torch.where(tied & (r_m > 0), scaled, r_m)
         return torch.where(tied & (r_m < 0), torch.zeros_like(r_m), m)
-    return r_m
 
 
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -102,8 +102,9 @@ def _safe_shift(r_m, rows, bh):
 def _tile_max(s, r_m, rows, bh, beta, eps_cmp, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
               EXPLICIT: tl.constexpr):
     """Maximum that score tile s contributes to the online softmax, per row (see reference._tile_max)."""
-    if FIX == 1:  # dynamic_max (safe): bounded, per-row varying shift of every row's maximum
-        m = r_m + _safe_shift(r_m, rows, bh)
+    if FIX == 1:  # dynamic_max (safe): bounded, per-row varying shift of a repeated maximum
+        r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
+        m = tl.where(r_s > 1, r_m + _safe_shift(r_m, rows, bh), r_m)
     elif FIX == 2:  # dynamic_max_published
         r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
         tied = r_s > 1
