@@ -1,0 +1,233 @@
+"""Live monitors of the paper's mechanism (Qiu & Yao, arXiv 2510.04212), written to TensorBoard.
+
+``Monitors.after_step(step)`` runs what is due after an optimizer step:
+
+- every ``monitor.spectral_interval`` steps: spectral norms of every layer's W_Q, W_K, W_V, W_O, fc_in, fc_out and
+  of each head's block of W_Q and W_K (power iteration with persistent vectors, see spectral.py);
+- every ``monitor.probe_interval`` steps, on the fixed probe batch: RMS and top singular value of each layer's
+  attention input X and attention output O; tie rate, maximum logit and entropy per layer and head
+  (attention_stats.py); the delta bias of ``monitor.delta_bias_layers`` (delta_bias.py).
+
+Both also run at step 1. Tag names come from tags.py. An interval of 0 disables that part; ``delta_bias_layers: []``
+disables the delta-bias monitor alone. Ranks without a writer compute nothing (there are no collectives here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Optional
+
+import torch
+
+from launcher.monitors import tags
+from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_stats, scores
+from launcher.monitors.delta_bias import layer_delta_bias
+from launcher.monitors.probe import run_probe
+from launcher.monitors.spectral import SpectralTracker
+
+__all__ = ["Monitors", "tags"]
+
+STATE_VERSION = 1
+
+
+def _due(step: int, interval: int) -> bool:
+    return interval > 0 and (step == 1 or step % interval == 0)
+
+
+class _Values:
+    """Collects 0-d or per-head tensors under tag names and moves them to the host in one transfer."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, tag: str, value: torch.Tensor) -> None:
+        self.names.append(tag)
+        self.tensors.append(value.detach().reshape(1).double())
+
+    def add_heads(self, tag_of_head: Callable[[int], str], values: torch.Tensor) -> None:
+        for h in range(values.numel()):
+            self.names.append(tag_of_head(h))
+        self.tensors.append(values.detach().reshape(-1).double())
+
+    def to_dict(self) -> dict[str, float]:
+        if not self.tensors:
+            return {}
+        flat = torch.cat([t.to(self.tensors[0].device) for t in self.tensors]).tolist()
+        return dict(zip(self.names, flat))
+
+
+class Monitors:
+    """Spectral-norm, activation, attention and delta-bias monitors of one run (see module docstring)."""
+
+    def __init__(self, config, model: torch.nn.Module, probe_batch: tuple[torch.Tensor, torch.Tensor], writer,
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 backend: str = "reference"):
+        mon, att = config.monitor, config.attention
+        self.model = model
+        self.probe_batch = probe_batch
+        self.writer = writer
+        self.autocast = autocast
+        self.backend = backend
+        self.rounding, self.fix = att.rounding, att.fix
+        self.beta, self.eps = att.beta, att.eps
+        self.n_layer = len(model.blocks)
+        self.n_head = model.blocks[0].attn.n_head
+        self.head_dim = model.blocks[0].attn.head_dim
+        self.spectral_interval = int(getattr(mon, "spectral_interval", 100))
+        self.probe_interval = int(getattr(mon, "probe_interval", 100))
+        layers = getattr(mon, "delta_bias_layers", None)
+        self.delta_layers = list(range(self.n_layer)) if layers is None else sorted(set(int(i) for i in layers))
+        self.tracker = SpectralTracker(int(getattr(mon, "power_iterations", 3)),
+                                       tol=float(getattr(mon, "power_tolerance", 1e-4)))
+        self.delta_cum: dict[int, torch.Tensor] = {}
+        self.prev_error: dict[int, torch.Tensor] = {}
+        self._last: dict[str, float] = {}
+        self._overhead_s = 0.0
+        self._delta_cost_printed = False
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Trainer-facing API
+
+    @property
+    def overhead_s(self) -> float:
+        """Total seconds spent in the monitors so far (including time restored from a checkpoint)."""
+        return self._overhead_s
+
+    def last_values(self) -> dict[str, float]:
+        """Latest value of every tag logged so far (printed by the guards when a step goes bad)."""
+        return dict(self._last)
+
+    def after_step(self, step: int) -> dict[str, float]:
+        """Run whatever is due at optimizer step ``step`` (1-based), log it with global_step=step, return it."""
+        if self.writer is None:
+            return {}
+        do_spectral = _due(step, self.spectral_interval)
+        do_probe = _due(step, self.probe_interval)
+        if not (do_spectral or do_probe):
+            return {}
+        device = next(self.model.parameters()).device
+        start = self._clock(device)
+        values: dict[str, float] = {}
+        if do_spectral:
+            values.update(self._spectral())
+            values[tags.SPECTRAL_SECONDS] = self._clock(device) - start
+        if do_probe:
+            probe_start = self._clock(device)
+            values.update(self._probe(device))
+            values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
+        self._overhead_s += self._clock(device) - start
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+        self._last.update(values)
+        return values
+
+    def state_dict(self) -> dict:
+        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices."""
+        return {
+            "version": STATE_VERSION,
+            "spectral_vectors": self.tracker.state_dict(),
+            "delta_cum": {i: t.detach().cpu().clone() for i, t in self.delta_cum.items()},
+            "prev_error": {i: t.detach().cpu().clone() for i, t in self.prev_error.items()},
+            "overhead_s": self._overhead_s,
+            "last_values": dict(self._last),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"monitor state version {state.get('version')} is not {STATE_VERSION}; "
+                             "resume with the code that wrote the checkpoint")
+        device = next(self.model.parameters()).device
+        self.tracker.load_state_dict(state["spectral_vectors"], device)
+        self.delta_cum = {int(i): t.to(device) for i, t in state["delta_cum"].items()}
+        self.prev_error = {int(i): t.to(device) for i, t in state["prev_error"].items()}
+        self._overhead_s = float(state["overhead_s"])
+        self._last = dict(state["last_values"])
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _clock(device: torch.device) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    @torch.no_grad()
+    def _spectral(self) -> dict[str, float]:
+        blocks = self.model.blocks
+        values = _Values()
+        names = list(tags.WEIGHTS)
+        square = torch.stack([getattr(b.attn, m).weight.detach().float()
+                              for b in blocks for m in ("q_proj", "k_proj", "v_proj", "out_proj")])
+        sq = self.tracker("attn", square).view(self.n_layer, 4)
+        fc_in = self.tracker("fc_in", torch.stack([b.mlp.fc_in.weight.detach().float() for b in blocks]))
+        fc_out = self.tracker("fc_out", torch.stack([b.mlp.fc_out.weight.detach().float() for b in blocks]))
+        d = square.shape[-1]
+        qk_heads = square.view(self.n_layer, 4, d, d)[:, :2].reshape(-1, self.head_dim, d)
+        heads = self.tracker("heads_qk", qk_heads).view(self.n_layer, 2, self.n_head)
+        for i in range(self.n_layer):
+            for j, w in enumerate(names[:4]):
+                values.add(tags.spectral(i, w), sq[i, j])
+            values.add(tags.spectral(i, "fc_in"), fc_in[i])
+            values.add(tags.spectral(i, "fc_out"), fc_out[i])
+            for j, w in enumerate(tags.PER_HEAD_WEIGHTS):
+                values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[i, j])
+        return values.to_dict()
+
+    def _probe(self, device: torch.device) -> dict[str, float]:
+        delta_layers = self.delta_layers
+        probe = run_probe(self.model, self.probe_batch, self.autocast, delta_layers)
+        values = _Values()
+        with torch.no_grad():
+            xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in range(self.n_layer)])
+            os_ = torch.stack([probe.layers[i].o.float().transpose(1, 2).flatten(2).flatten(0, 1)
+                               for i in range(self.n_layer)])
+            rows = xs.shape[1] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
+            x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", os_) / rows
+            for i in range(self.n_layer):
+                cap = probe.layers[i]
+                values.add(tags.act(i, "x_rms"), xs[i].pow(2).mean().sqrt())
+                values.add(tags.act(i, "x_sv"), x_sv[i])
+                values.add(tags.act(i, "o_rms"), os_[i].pow(2).mean().sqrt())
+                values.add(tags.act(i, "o_sv"), o_sv[i])
+                s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
+                per_head = head_stats(s, self.eps)
+                del s
+                for stat, value in layer_stats(per_head).items():
+                    values.add(tags.attn(i, stat), value)
+                for stat, value in per_head.items():
+                    values.add_heads(lambda h, i=i, stat=stat: tags.attn(i, stat, h), value)
+        result = values.to_dict()
+        if delta_layers:
+            start = self._clock(device)
+            result.update(self._delta_bias(probe))
+            cost = self._clock(device) - start
+            result[tags.DELTA_BIAS_SECONDS] = cost
+            if not self._delta_cost_printed:
+                self._delta_cost_printed = True
+                b, t = self.probe_batch[0].shape
+                print(f"[monitors] delta bias: {len(delta_layers)} layer(s) x probe batch {b}x{t}, "
+                      f"{cost:.3f} s per call, every {self.probe_interval} steps", flush=True)
+        return result
+
+    @torch.no_grad()
+    def _delta_bias(self, probe) -> dict[str, float]:
+        values = _Values()
+        for i in self.delta_layers:
+            cap = probe.layers[i]
+            out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
+                                   self.fix, self.beta, self.eps, self.prev_error.get(i))
+            per_head = out["sum"]
+            cum = self.delta_cum.get(i)
+            cum = per_head.clone() if cum is None else cum.to(per_head) + per_head
+            self.delta_cum[i] = cum
+            self.prev_error[i] = out["error"].float()  # (H, head_dim, d_model), rows of q_proj.weight per head
+            values.add(tags.delta_bias(i, "sum"), per_head.sum())
+            values.add(tags.delta_bias(i, "cum"), cum.sum())
+            values.add_heads(lambda h, i=i: tags.delta_bias(i, "sum", h), per_head)
+            values.add_heads(lambda h, i=i: tags.delta_bias(i, "cum", h), cum)
+            if "dwq_cos" in out:
+                values.add(tags.delta_bias(i, "dwq_cos"), out["dwq_cos"])
+                values.add_heads(lambda h, i=i: tags.delta_bias(i, "dwq_cos", h), out["dwq_cos_head"])
+        return values.to_dict()
