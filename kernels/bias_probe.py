@@ -13,8 +13,8 @@ control channels (magnitudes alike, one random sign per sequence and channel). d
 
 Reported per mode (rounding x fix) and k: the mean signed error of O against an fp64 reference of the same bf16
 inputs, in bf16 ulps of the reference value, for the imbalanced and the control channels; and the mean error of
-delta (from the O that the mode's backward uses) in units of sum_c |dO_c| ulp(O_c) over the imbalanced channels,
-where the theory for paper/none is +1/4, +1/6, +1/8 for k = 2, 3, 4 (the O bias times the dO sign).
+delta (from the O that the mode's backward uses) in units of sum_c |dO_c| ulp(O_c), where the theory for paper/none
+is +1/4, +1/6, +1/8 for k = 2, 3, 4 (the magnitude bias of O times dO, whose sign follows V in every channel).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def measure(q, k, v, d_out, row_ties, rounding: str, fix: str, backend: str) -> 
     ulp = bf16_ulp(o_ref)
     err = (out - o_ref) / ulp
     bad = ~torch.isfinite(out).all(-1)
-    delta_err = ((saved - o_ref) * dof).sum(-1) / (dof.abs() * ulp)[..., IMBALANCED].sum(-1)
+    delta_err = ((saved - o_ref) * dof).sum(-1) / (dof.abs() * ulp).sum(-1)
     result = {"o_imb": {}, "o_ctl": {}, "delta": {}, "nan_rows": int(bad.sum())}
     for ties in TIE_COUNTS:
         rows = (row_ties == ties) & ~bad
@@ -129,7 +129,7 @@ def to_markdown(results: dict, backend: str, sequences: int, seed: int, device: 
         " | NaN rows |"
     lines = [f"Bias probe: backend={backend}, device={device}, {sequences} sequences x 256 rows, seed={seed}.",
              "O columns: mean signed error of O in bf16 ulps (imb = sign-imbalanced channels, ctl = control);",
-             "delta columns: mean delta error in units of sum over imbalanced channels of |dO| ulp(O).", "",
+             "delta columns: mean delta error in units of sum_c |dO_c| ulp(O_c) (dO has the sign of V).", "",
              head, "|" + "---|" * (2 + 3 * len(TIE_COUNTS))]
     theory = THEORY_PAPER_NONE
     lines.append("| theory paper/none | " + " | ".join(f"{theory[t]:+.3f}" for t in TIE_COUNTS) + " | " +

@@ -26,6 +26,7 @@ from kernels.modes import FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, Numerics, ch
 from kernels.rounding import LN2, LOG2E, round_lp, safe_shift
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+POISON_OUTPUTS = False  # tests set this: gradient buffers filled tile by tile start NaN-filled
 
 
 def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor, nm: Numerics,
@@ -143,8 +144,8 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     lse_s = (lse * LOG2E if not nm.paper else lse).unsqueeze(-1)
     rows = torch.arange(seq, device=q.device).view(1, 1, seq, 1)
     dq = torch.zeros_like(qf)
-    dk = torch.empty_like(kf)
-    dv = torch.empty_like(vf)
+    dk = torch.full_like(kf, float("nan")) if POISON_OUTPUTS else torch.empty_like(kf)
+    dv = torch.full_like(vf, float("nan")) if POISON_OUTPUTS else torch.empty_like(vf)
     for n0 in range(0, seq, block_n):
         n1 = min(n0 + block_n, seq)
         kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]

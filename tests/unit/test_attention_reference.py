@@ -1,0 +1,268 @@
+"""The PyTorch reference attention: rounding helpers, accuracy of every mode, the fixes' safety, the bias probe.
+
+Inputs are fresh random draws each run; the seed is printed (shown by pytest on failure) and named in messages.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+from kernels.bias_probe import run_probe
+from kernels.modes import check_args
+from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
+
+MODES = [(r, f) for r in kernels.ROUNDINGS for f in kernels.FIXES]
+
+
+@pytest.fixture
+def seed():
+    s = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    torch.manual_seed(s)
+    print(f"seed={s}")
+    return s
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
+
+
+def fp64_attention(q, k, v, causal):
+    """Exact softmax attention of the same (LP) inputs, with k/v heads repeated for GQA."""
+    q, k, v = (t.detach().double() for t in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        t = q.shape[2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def fp64_grads(q, k, v, d_out, causal):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    qq, kk, vv = leaves
+    rep = qq.shape[1] // kk.shape[1]
+    s = (qq @ kk.repeat_interleave(rep, 1).transpose(-1, -2)) / math.sqrt(qq.shape[-1])
+    if causal:
+        t = qq.shape[2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.softmax(s, -1) @ vv.repeat_interleave(rep, 1)
+    out.backward(d_out.double())
+    return out.detach(), [x.grad for x in leaves]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rounding helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_rne_bf16_matches_torch_cast_bit_for_bit(seed):
+    x = torch.cat([
+        torch.randn(100_000) * torch.exp2(torch.randint(-130, 120, (100_000,)).float()),
+        torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 3.3895314e38, -3.3895314e38, 3.40282e38, 1e-45,
+                      -1e-45, 1.17549435e-38]),
+        # exact ties between two bf16 neighbours, both parities of the kept bit
+        (torch.randint(-(2**15), 2**15, (1000,), dtype=torch.int32) * 65536 + 0x8000).view(torch.float32),
+    ])
+    x = x[torch.isfinite(x) | torch.isinf(x)]
+    ours = rne_bf16(x).view(torch.int32)
+    torchs = x.to(torch.bfloat16).to(torch.float32).view(torch.int32)
+    assert torch.equal(ours, torchs), f"seed={seed}"
+    assert torch.isnan(rne_bf16(torch.tensor([float("nan")]))).all()
+
+
+def test_round_lp_fp16_is_the_cast(seed):
+    x = torch.randn(10_000) * 100
+    assert torch.equal(round_lp(x, torch.float16), x.half().float())
+    assert torch.equal(round_lp(x, torch.float32), x)
+
+
+def test_safe_shift_is_bounded_and_varies_per_row(seed):
+    rows = torch.arange(4096)
+    for value in (0.0, -0.0, 1.0, -3.5, 1e4, 1e30, float("-inf")):
+        delta = safe_shift(torch.full((4096,), value), rows, torch.zeros(4096, dtype=torch.long))
+        assert delta.min() >= SHIFT_LO and delta.max() < SHIFT_LO + 0.5
+        assert delta.unique().numel() > 3000, "the same maximum in every row must still give varied shifts"
+        # the largest shifted P_bar rounds below 1 in bf16 in both exponent units
+        assert (rne_bf16(torch.exp2(-delta)) < 1).all() and (rne_bf16(torch.exp(-delta)) < 1).all()
+    zero = safe_shift(torch.tensor([0.0]), torch.tensor([5]), torch.tensor([3]))
+    assert torch.equal(zero, safe_shift(torch.tensor([-0.0]), torch.tensor([5]), torch.tensor([3])))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Accuracy of every mode against fp64 (outputs and gradients)
+# --------------------------------------------------------------------------------------------------------------
+
+# relative-norm tolerances: bf16 operands land at a few 1e-3 (paper rounding about twice fa2); fp16 8x tighter
+TOL = {torch.bfloat16: {"fa2": 6e-3, "paper": 1.2e-2}, torch.float16: {"fa2": 8e-4, "paper": 1.5e-3}}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_reference_matches_fp64(rounding, fix, causal, dtype, seed):
+    seq = int(torch.randint(65, 200, (1,)))  # ragged: never a multiple of the 64-key tile
+    q, k, v = (torch.randn(2, 4, seq, 64).to(dtype).requires_grad_() for _ in range(3))
+    d_out = torch.randn(2, 4, seq, 64).to(dtype)
+    out = kernels.reference_attention(q, k, v, causal, rounding, fix)
+    out.backward(d_out)
+    ref_out, ref_grads = fp64_grads(q, k, v, d_out, causal)
+    tol = TOL[dtype][rounding]
+    msg = f"seed={seed} seq={seq}"
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v)), msg
+    assert rel_err(out, ref_out) < tol, msg
+    for name, t, g in zip("qkv", (q, k, v), ref_grads):
+        assert rel_err(t.grad, g) < 2 * tol, f"d{name} {msg}"
+
+
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_reference_head_dims_and_gqa(head_dim, seed):
+    q = torch.randn(1, 4, 97, head_dim).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 2, 97, head_dim).bfloat16().requires_grad_() for _ in range(2))
+    d_out = torch.randn(1, 4, 97, head_dim).bfloat16()
+    for rounding, fix in (("fa2", "none"), ("paper", "dynamic_max")):
+        for t in (q, k, v):
+            t.grad = None
+        out = kernels.reference_attention(q, k, v, True, rounding, fix)
+        out.backward(d_out)
+        ref_out, ref_grads = fp64_grads(q, k, v, d_out, True)
+        assert k.grad.shape == k.shape
+        assert rel_err(out, ref_out) < 1.2e-2, f"seed={seed}"
+        for t, g in zip((q, k, v), ref_grads):
+            assert rel_err(t.grad, g) < 2.4e-2, f"seed={seed}"
+
+
+def test_fp32_inputs_emulate_bf16_autocast(seed):
+    q, k, v = (torch.randn(2, 2, 70, 64, requires_grad=True) for _ in range(3))
+    out = kernels.reference_attention(q, k, v, True, "paper", "dynamic_max")
+    assert out.dtype == torch.float32
+    assert torch.equal(out, out.bfloat16().float()), "O must be bf16-representable"
+    as_bf16 = kernels.reference_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), True, "paper", "dynamic_max")
+    assert torch.equal(out, as_bf16.float())
+    out.sum().backward()
+    assert q.grad.dtype == torch.float32 and torch.isfinite(q.grad).all()
+
+
+def test_block_m_changes_no_bit(seed):
+    q, k, v = (torch.randn(1, 2, 150, 64).bfloat16() for _ in range(3))
+    a = kernels.reference_attention(q, k, v, True, "paper", "dynamic_max", block_m=64)
+    b = kernels.reference_attention(q, k, v, True, "paper", "dynamic_max", block_m=128)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_saved_output_is_what_delta_uses(rounding, seed):
+    q, k, v = (torch.randn(1, 2, 90, 64).bfloat16() for _ in range(3))
+    out = kernels.reference_attention(q, k, v, True, rounding, "none")
+    assert torch.equal(kernels.saved_output(q, k, v, rounding=rounding), out)
+    o32 = kernels.saved_output(q, k, v, rounding=rounding, fix="fp32_output")
+    assert o32.dtype == torch.float32
+    exact = fp64_attention(q, k, v, True)
+    assert rel_err(o32, exact) < rel_err(out, exact), "the fp32 O must be closer to exact than the bf16 O"
+    with pytest.raises(ValueError, match="backend"):
+        kernels.saved_output(q, k, v, backend="cuda")
+
+
+def test_bad_arguments_give_clear_errors():
+    q = torch.randn(1, 2, 8, 64).bfloat16()
+    with pytest.raises(ValueError, match="rounding"):
+        kernels.reference_attention(q, q, q, rounding="bf16")
+    with pytest.raises(ValueError, match="fix"):
+        kernels.reference_attention(q, q, q, fix="stable")
+    with pytest.raises(ValueError, match="head_dim"):
+        kernels.reference_attention(*(torch.randn(1, 2, 8, 48).bfloat16(),) * 3)
+    with pytest.raises(ValueError, match="divisible"):
+        kernels.reference_attention(torch.randn(1, 3, 8, 64).bfloat16(), q, q)
+    with pytest.raises(ValueError, match="block_n"):
+        kernels.reference_attention(q, q, q, block_n=48)
+    with pytest.raises(TypeError, match="dtype"):
+        kernels.reference_attention(q.double(), q.double(), q.double())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Safety of the fixes
+# --------------------------------------------------------------------------------------------------------------
+
+
+def tied_inputs(logit: float, ties: int, dtype=torch.bfloat16, seq: int = 130, dim: int = 64, spread=False):
+    """Every row's maximum logit is attained by ``ties`` keys (adjacent, or spread over tiles); the others are lower.
+
+    V is all ones, so a correct row of O is 1 (within the rounding of the shifted P_bar) and a zeroed or NaN row is
+    unmistakable.
+    """
+    q = torch.zeros(1, 2, seq, dim)
+    k = torch.zeros(1, 2, seq, dim)
+    scale = dim**0.5
+    q[..., 0] = 1.0
+    k[..., 0] = (logit - abs(logit) / 4 - 1) * scale  # every other key well below the maximum
+    pos = torch.linspace(0, seq - 1, ties).long() if spread else torch.arange(ties) + 3 * (ties < seq - 3)
+    k[:, :, pos, 0] = logit * scale
+    return q.to(dtype), k.to(dtype), torch.ones(1, 2, seq, dim, dtype=dtype)
+
+
+SAFETY_CASES = [(0.0, 2), (0.0, 130), (1.0, 2), (50.0, 3), (120.0, 2), (1e4, 4), (1e30, 2), (-120.0, 2), (-1e4, 3)]
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["one-tile", "spread"])
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+@pytest.mark.parametrize("logit,ties", SAFETY_CASES)
+def test_safe_fix_never_nan_inf_or_zeroed(rounding, logit, ties, spread):
+    q, k, v = tied_inputs(logit, ties, spread=spread)
+    out = kernels.reference_attention(q, k, v, False, rounding, "dynamic_max")
+    assert torch.isfinite(out).all()
+    assert ((out.float() - 1).abs() <= 2**-6).all(), "every row of O must be 1 (V is all ones), none zeroed"
+
+
+def test_safe_fix_fully_masked_rows_are_zero_not_nan():
+    q, k, v = (torch.randn(1, 2, 70, 64).bfloat16() for _ in range(3))
+    for rounding in kernels.ROUNDINGS:
+        nm = check_args(q, k, v, rounding, "dynamic_max", 2.0, 1e-3, (torch.bfloat16,))
+        out, lse, _ = reference.forward_core(q, k, v, False, nm, 64, kv_len=0)
+        assert (out == 0).all() and (lse == float("-inf")).all()
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_published_rule_underflows_to_nan(rounding):
+    """The paper's rule as published: a repeated logit of 120 with beta 2 (or 20 with beta 7) gives 0/0."""
+    for logit, beta in ((120.0, 2.0), (20.0, 7.0), (-120.0, 2.0)):
+        q, k, v = tied_inputs(logit, 2)
+        out = kernels.reference_attention(q, k, v, False, rounding, "dynamic_max_published", beta=beta)
+        assert torch.isnan(out).all(), f"logit={logit} beta={beta}: the published rule should fail here"
+        safe = kernels.reference_attention(q, k, v, False, rounding, "dynamic_max", beta=beta)
+        assert ((safe.float() - 1).abs() <= 2**-6).all()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bias probe on the reference
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_bias_probe_reference(seed):
+    modes = [("paper", "none"), ("paper", "dynamic_max"), ("paper", "fp32_output"), ("fa2", "none"),
+             ("fa2", "dynamic_max")]
+    _, res = run_probe("reference", sequences=16, seed=seed, modes=modes)
+    paper_none = res[("paper", "none")]["o_imb"]
+    assert -0.32 < paper_none[2] < -0.18, f"seed={seed}: paper/none k=2 should be near -1/4 ulp: {paper_none}"
+    assert paper_none[3] < -0.08 and paper_none[4] < -0.06 and abs(paper_none[1]) < 0.05
+    assert res[("paper", "none")]["delta"][2] > 0.18, "the delta error must be positive where dO shares V's sign"
+    for rounding in ("fa2",):
+        for key in ("o_imb", "o_ctl", "delta"):
+            vals = res[(rounding, "dynamic_max")][key]
+            assert all(abs(x) < 0.05 for x in vals.values()), f"seed={seed} {rounding}/dynamic_max {key}: {vals}"
+    for key in ("o_imb", "delta"):  # paper rounding: the tie bias is gone, a small opposite residual remains
+        vals = res[("paper", "dynamic_max")][key]
+        assert all(abs(x) < 0.13 for x in vals.values()), f"seed={seed} paper/dynamic_max {key}: {vals}"
+    assert all(abs(x) < 0.05 for x in res[("paper", "fp32_output")]["delta"].values())
+    assert all(r["nan_rows"] == 0 for r in res.values())
