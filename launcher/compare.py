@@ -1,0 +1,589 @@
+"""Compare the arms of an experiment: PNG panels, one self-contained HTML report and a TensorBoard layout.
+
+    python -m launcher.compare runs/<experiment> [--out DIR] [--divergence-threshold 0.05]
+                               [--divergence-consecutive 5] [--smoothing 10] [--divergence-tag train/loss]
+                               [--reference-arm NAME] [--no-layout]
+
+Every subfolder of the experiment folder that holds TensorBoard event files is an arm (``runs/smoke/baseline``,
+``runs/smoke/fixed``). The report (default ``runs/<experiment>/report/``) holds one PNG per panel and
+``report.html`` with the PNGs embedded (it opens offline, on its own). The text summary is printed and is in the
+HTML too. A custom-scalars layout is written into the experiment folder, so that
+``tensorboard --logdir runs/<experiment>`` shows the arms overlaid, panel by panel, on its CUSTOM SCALARS tab.
+
+Divergence criterion (documented in docs/monitoring.md): both arms' ``divergence_tag`` series (default train/loss)
+are taken on the steps both logged and smoothed with a trailing mean over ``smoothing`` logged points; the arms
+diverge at the first step that starts a run of ``divergence_consecutive`` logged steps on which
+|a - b| / min(|a|, |b|) > ``divergence_threshold`` (a non-finite value in either arm counts as above). Every arm is
+compared with the reference arm (``baseline`` when present, else the first arm in name order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from launcher.monitors import tags
+
+EVENTS_GLOB = "events.out.tfevents.*"
+LAYOUT_SUFFIX = ".layout"
+DEFAULT_CRITERIA = {"divergence_threshold": 0.05, "divergence_consecutive": 5, "smoothing": 10,
+                    "divergence_tag": tags.TRAIN_LOSS, "reference_arm": None}
+
+
+class CompareError(RuntimeError):
+    """The experiment folder cannot be compared; the message says why and what to do."""
+
+
+Series = tuple[np.ndarray, np.ndarray]  # (steps, values), sorted by step
+
+
+@dataclass
+class Arm:
+    name: str
+    path: Path
+    scalars: dict[str, Series] = field(default_factory=dict)
+
+    def get(self, tag: str) -> Optional[Series]:
+        return self.scalars.get(tag)
+
+    def last_step(self) -> int:
+        return max((int(s[-1]) for s, _ in self.scalars.values() if len(s)), default=0)
+
+
+@dataclass
+class Divergence:
+    arm: str
+    reference: str
+    step: Optional[int]
+    common_steps: int
+    max_rel_diff: float
+    max_rel_step: Optional[int]
+    values: tuple[float, float] = (math.nan, math.nan)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _event_dirs(arm_dir: Path) -> list[Path]:
+    dirs = {p.parent for p in arm_dir.rglob(EVENTS_GLOB) if not p.name.endswith(LAYOUT_SUFFIX)}
+    return sorted(dirs)
+
+
+def load_scalars(run_dir: Path) -> dict[str, Series]:
+    """Every scalar tag of the event files under ``run_dir``; a step logged twice (resumed run) keeps the last value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    merged: dict[str, dict[int, tuple[float, float]]] = {}
+    for directory in _event_dirs(run_dir):
+        acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            per_step = merged.setdefault(tag, {})
+            for event in acc.Scalars(tag):
+                old = per_step.get(event.step)
+                if old is None or event.wall_time >= old[0]:
+                    per_step[event.step] = (event.wall_time, event.value)
+    out = {}
+    for tag, per_step in merged.items():
+        steps = np.array(sorted(per_step), dtype=np.int64)
+        out[tag] = (steps, np.array([per_step[s][1] for s in steps], dtype=np.float64))
+    return out
+
+
+def find_arms(experiment_dir: Path) -> list[Arm]:
+    """Arms of an experiment folder: its subfolders holding event files, in name order, with their scalars."""
+    experiment_dir = Path(experiment_dir)
+    if not experiment_dir.is_dir():
+        hint = ""
+        parent = experiment_dir.parent
+        if parent.is_dir():
+            names = sorted(p.name for p in parent.iterdir() if p.is_dir())
+            hint = f" Experiments in {parent}: {', '.join(names) or 'none'}."
+        raise CompareError(f"no experiment folder {experiment_dir}.{hint} Train one first, e.g. "
+                           "`python -m launcher.pretrain smoke` writes runs/smoke/<arm>/.")
+    arms = [Arm(p.name, p) for p in sorted(experiment_dir.iterdir()) if p.is_dir() and _event_dirs(p)]
+    if not arms:
+        raise CompareError(f"{experiment_dir} holds no arm with TensorBoard events (expected subfolders like "
+                           f"{experiment_dir}/baseline/{EVENTS_GLOB}). Is this the experiment folder "
+                           "(runs/<experiment>) and has training logged anything yet?")
+    for arm in arms:
+        arm.scalars = load_scalars(arm.path)
+    if not any(arm.scalars for arm in arms):
+        raise CompareError(f"the event files under {experiment_dir} hold no scalars yet; train longer than one "
+                           "log interval and run the comparison again")
+    return arms
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Divergence
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over ``window`` points (fewer at the start); non-finite values propagate."""
+    window = max(1, int(window))
+    if window == 1 or len(values) == 0:
+        return values.astype(np.float64)
+    csum = np.cumsum(np.insert(values.astype(np.float64), 0, 0.0))
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(0, idx - window)
+    return (csum[idx] - csum[lo]) / (idx - lo)
+
+
+def find_divergence(ref: Series, other: Series, threshold: float, consecutive: int, window: int,
+                    names: tuple[str, str] = ("reference", "arm")) -> Divergence:
+    """First step where ``other`` departs from ``ref`` by the documented criterion (module docstring)."""
+    common, ia, ib = np.intersect1d(ref[0], other[0], return_indices=True)
+    a, b = smooth(ref[1][ia], window), smooth(other[1][ib], window)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.abs(a - b) / np.minimum(np.abs(a), np.abs(b))
+    above = ~np.isfinite(rel) | (rel > threshold)
+    step, values = None, (math.nan, math.nan)
+    run = 0
+    for i, flag in enumerate(above):
+        run = run + 1 if flag else 0
+        if run >= max(1, consecutive):
+            first = i - run + 1
+            step, values = int(common[first]), (float(a[first]), float(b[first]))
+            break
+    finite = np.isfinite(rel)
+    max_rel = float(rel[finite].max()) if finite.any() else math.nan
+    max_rel_step = int(common[finite][np.argmax(rel[finite])]) if finite.any() else None
+    return Divergence(names[1], names[0], step, len(common), max_rel, max_rel_step, values)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Panels
+
+
+def _layers(arms: list[Arm], family: str, stat: str, per_head: bool = False) -> list[int]:
+    found = set()
+    for arm in arms:
+        for tag in arm.scalars:
+            t = tags.parse(tag)
+            if t and t.family == family and t.stat == stat and (t.head is not None) == per_head:
+                found.add(t.layer)
+    return sorted(found)
+
+
+def _heads(arms: list[Arm], layer: int, weight: str) -> list[int]:
+    found = set()
+    for arm in arms:
+        for tag in arm.scalars:
+            t = tags.parse(tag)
+            if t and t.family == "spectral" and t.layer == layer and t.stat == weight and t.head is not None:
+                found.add(t.head)
+    return sorted(found)
+
+
+def growth(series: Optional[Series]) -> float:
+    """Last / first finite value of a series (1.0 when it cannot be told)."""
+    if series is None:
+        return 1.0
+    finite = series[1][np.isfinite(series[1])]
+    if len(finite) < 1 or finite[0] == 0:
+        return 1.0
+    return float(finite[-1] / finite[0])
+
+
+def layer_that_grew_most(arms: list[Arm]) -> Optional[int]:
+    """Layer whose W_Q spectral norm grew most (last/first logged value, largest over arms)."""
+    best, best_growth = None, -math.inf
+    for layer in _layers(arms, "spectral", "wq"):
+        g = max(growth(arm.get(tags.spectral(layer, "wq"))) for arm in arms)
+        if g > best_growth:
+            best, best_growth = layer, g
+    return best
+
+
+class _Panels:
+    """Draws the report's figures; each ``draw_*`` returns (file name, caption)."""
+
+    def __init__(self, arms: list[Arm], out_dir: Path, divergences: list[Divergence], window: int):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.plt = plt
+        self.arms = arms
+        self.out = out_dir
+        self.divergences = divergences
+        self.window = window
+        self.colors = {arm.name: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(arms)}
+
+    def _save(self, fig, name: str) -> str:
+        fig.savefig(self.out / name, dpi=110, bbox_inches="tight")
+        self.plt.close(fig)
+        return name
+
+    def _empty(self, name: str, title: str, why: str) -> str:
+        fig, ax = self.plt.subplots(figsize=(7, 2.2))
+        ax.axis("off")
+        ax.set_title(title)
+        ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
+        return self._save(fig, name)
+
+    def _mark_divergence(self, ax) -> None:
+        for d in self.divergences:
+            if d.step is not None:
+                ax.axvline(d.step, color=self.colors[d.arm], ls="--", lw=1)
+                ax.annotate(f"{d.arm} vs {d.reference}: diverge at {d.step}", (d.step, 1.0), xycoords=("data", "axes fraction"),
+                            xytext=(3, -12), textcoords="offset points", fontsize=8, color=self.colors[d.arm])
+
+    def _per_arm_axes(self, title: str, sharey: bool = True):
+        n = len(self.arms)
+        fig, axes = self.plt.subplots(1, n, figsize=(5.2 * n, 3.6), sharey=sharey, squeeze=False)
+        fig.suptitle(title, y=1.03)
+        return fig, axes[0]
+
+    def loss(self) -> tuple[str, str]:
+        name = "loss.png"
+        if not any(arm.get(tags.TRAIN_LOSS) or arm.get(tags.EVAL_LOSS) for arm in self.arms):
+            return self._empty(name, "loss", "no train/loss or eval/loss logged"), "Loss: not logged."
+        fig, ax = self.plt.subplots(figsize=(9, 4))
+        for arm in self.arms:
+            c = self.colors[arm.name]
+            train = arm.get(tags.TRAIN_LOSS)
+            if train is not None:
+                ax.plot(train[0], train[1], color=c, alpha=0.25, lw=0.8)
+                ax.plot(train[0], smooth(train[1], self.window), color=c, lw=1.8, label=f"{arm.name} train")
+            ev = arm.get(tags.EVAL_LOSS)
+            if ev is not None:
+                ax.plot(ev[0], ev[1], "o--", color=c, ms=4, lw=1, label=f"{arm.name} eval")
+        self._mark_divergence(ax)
+        ax.set_xlabel("step")
+        ax.set_ylabel("cross-entropy")
+        ax.set_title(f"loss (thin: raw train loss; thick: trailing mean of {self.window} logged points)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        return self._save(fig, name), "Train loss (raw and smoothed) and eval loss; dashed lines mark divergence."
+
+    def grad_norm(self) -> tuple[str, str]:
+        name = "grad_norm.png"
+        if not any(arm.get(tags.TRAIN_GRAD_NORM) for arm in self.arms):
+            return self._empty(name, "gradient norm", "no train/grad_norm logged"), "Gradient norm: not logged."
+        fig, ax = self.plt.subplots(figsize=(9, 3.5))
+        for arm in self.arms:
+            s = arm.get(tags.TRAIN_GRAD_NORM)
+            if s is not None:
+                ax.plot(s[0], s[1], color=self.colors[arm.name], lw=1, label=arm.name)
+        self._mark_divergence(ax)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title("gradient norm (before clipping)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        return self._save(fig, name), "Global gradient norm, log scale."
+
+    def spectral_heatmaps(self) -> list[tuple[str, str]]:
+        layers = _layers(self.arms, "spectral", "wq")
+        if not layers:
+            return [(self._empty("spectral_heatmap.png", "spectral norms", "no spectral/* tags logged"),
+                     "Spectral norms: not logged (monitor.spectral_interval = 0?).")]
+        rows = [(layer, w) for layer in layers for w in tags.WEIGHTS]
+        grids = {}
+        for arm in self.arms:
+            steps = sorted({int(s) for layer, w in rows if arm.get(tags.spectral(layer, w)) is not None
+                            for s in arm.get(tags.spectral(layer, w))[0]})
+            grid = np.full((len(rows), len(steps)), np.nan)
+            col = {s: j for j, s in enumerate(steps)}
+            for i, (layer, w) in enumerate(rows):
+                series = arm.get(tags.spectral(layer, w))
+                if series is None or not len(series[1]):
+                    continue
+                ratio = series[1] / series[1][0] if series[1][0] else series[1] * np.nan
+                for s, r in zip(series[0], ratio):
+                    grid[i, col[int(s)]] = r
+            grids[arm.name] = (steps, grid)
+        finite = np.concatenate([g[np.isfinite(g)] for _, g in grids.values()] + [np.array([1.0])])
+        vmax = max(float(finite.max()), 1.01)
+        vmin = min(float(finite.min()), 0.99)
+        out = []
+        for arm in self.arms:
+            steps, grid = grids[arm.name]
+            name = f"spectral_heatmap_{arm.name}.png"
+            if not steps:
+                out.append((self._empty(name, f"spectral norms: {arm.name}", "no spectral/* tags in this arm"),
+                            f"Spectral norms of {arm.name}: not logged."))
+                continue
+            fig, ax = self.plt.subplots(figsize=(9, 0.18 * len(rows) + 1.6))
+            im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma", vmin=vmin, vmax=vmax,
+                           extent=(-0.5, len(steps) - 0.5, len(rows) - 0.5, -0.5))
+            ax.set_yticks(range(len(rows)), [f"{tags.layer_key(layer)} {w}" for layer, w in rows], fontsize=6)
+            ticks = np.linspace(0, len(steps) - 1, min(8, len(steps))).round().astype(int)
+            ax.set_xticks(ticks, [str(steps[t]) for t in ticks])
+            ax.set_xlabel("step")
+            ax.set_title(f"{arm.name}: spectral norm / its value at the first logged step (layer x weight)")
+            fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
+            out.append((self._save(fig, name),
+                        f"{arm.name}: growth of every weight's spectral norm; a bright row is a weight that grew "
+                        "(the paper's failure lights up L01 wq first). Same colour scale for all arms."))
+        return out
+
+    def wq_heads(self, layer: Optional[int]) -> tuple[str, str]:
+        name = "wq_heads.png"
+        heads = _heads(self.arms, layer, "wq") if layer is not None else []
+        if not heads:
+            return (self._empty(name, "per-head W_Q spectral norms", "no spectral/Lxx/wq/hNN tags logged"),
+                    "Per-head W_Q spectral norms: not logged.")
+        fig, axes = self._per_arm_axes(f"per-head W_Q spectral norms of {tags.layer_key(layer)} "
+                                       "(the layer whose W_Q grew most)")
+        cmap = self.plt.get_cmap("tab20")
+        for ax, arm in zip(axes, self.arms):
+            for h in heads:
+                s = arm.get(tags.spectral(layer, "wq", h))
+                if s is not None:
+                    ax.plot(s[0], s[1], color=cmap(h % 20), lw=1, label=tags.head_key(h))
+            ax.set_title(arm.name)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[-1].legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return (self._save(fig, name), f"Spectral norm of each head's block of W_Q in {tags.layer_key(layer)}; "
+                "a few heads pulling away is the paper's signature.")
+
+    def per_layer(self, name: str, family: str, stat: str, title: str, caption: str, ylabel: str) -> tuple[str, str]:
+        layers = _layers(self.arms, family, stat)
+        if not layers:
+            return self._empty(name, title, f"no {family}/Lxx/{stat} tags logged"), f"{title}: not logged."
+        fig, axes = self._per_arm_axes(title)
+        cmap = self.plt.get_cmap("viridis")
+        for ax, arm in zip(axes, self.arms):
+            for layer in layers:
+                tag = f"{family}/{tags.layer_key(layer)}/{stat}"
+                s = arm.get(tag)
+                if s is not None:
+                    ax.plot(s[0], s[1], color=cmap(layer / max(1, layers[-1])), lw=2.2 if layer == 1 else 1,
+                            label=tags.layer_key(layer))
+            if family == "delta_bias":
+                ax.axhline(0.0, color="k", lw=0.6)
+            ax.set_title(arm.name)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel(ylabel)
+        axes[-1].legend(fontsize=6, ncol=1 + len(layers) // 13, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return self._save(fig, name), caption
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Summary, layout, report
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, grew: Optional[int]) -> str:
+    """The short text summary printed by the command and shown at the top of the HTML report."""
+    window = criteria["smoothing"]
+    lines = [f"arms: {', '.join(a.name for a in arms)} (reference: {divergences[0].reference if divergences else arms[0].name})"]
+    for arm in arms:
+        parts = [f"{arm.last_step()} steps"]
+        train = arm.get(tags.TRAIN_LOSS)
+        if train is not None and len(train[1]):
+            parts.append(f"final train loss {_fmt(smooth(train[1], window)[-1])} (smoothed)")
+            bad = ~np.isfinite(train[1])
+            if bad.any():
+                parts.append(f"non-finite loss from step {int(train[0][bad][0])}")
+        ev = arm.get(tags.EVAL_LOSS)
+        if ev is not None and len(ev[1]):
+            parts.append(f"eval {_fmt(ev[1][-1])}")
+        growths = [(growth(arm.get(tags.spectral(layer, w))), layer, w)
+                   for layer in _layers([arm], "spectral", "wq") for w in tags.WEIGHTS]
+        if growths:
+            g, layer, w = max(growths)
+            parts.append(f"largest spectral-norm growth {tags.layer_key(layer)} {w} x{g:.3g}")
+        cums = [(arm.get(tags.delta_bias(layer, "cum")), layer) for layer in _layers([arm], "delta_bias", "cum")]
+        cums = [(float(s[1][-1]), layer) for s, layer in cums if s is not None and len(s[1])]
+        if cums:
+            value, layer = max(cums, key=lambda c: abs(c[0]) if math.isfinite(c[0]) else math.inf)
+            parts.append(f"largest |cumulative delta bias| {tags.layer_key(layer)} {value:+.3g}")
+        ties = arm.get(tags.attn(1, "tie_rate"))
+        if ties is not None and len(ties[1]):
+            parts.append(f"L01 tie rate mean {_fmt(float(np.nanmean(ties[1])))}")
+        lines.append(f"  {arm.name}: " + "; ".join(parts))
+    lines.append(f"divergence ({criteria['divergence_tag']} smoothed over {window} logged points, relative "
+                 f"difference > {criteria['divergence_threshold']:g} for {criteria['divergence_consecutive']} "
+                 "consecutive logged steps):")
+    if not divergences:
+        lines.append("  only one arm: nothing to compare")
+    for d in divergences:
+        if d.common_steps == 0:
+            lines.append(f"  {d.arm} vs {d.reference}: no common logged steps of {criteria['divergence_tag']}")
+        elif d.step is not None:
+            lines.append(f"  {d.arm} vs {d.reference}: diverge at step {d.step} "
+                         f"({d.reference} {_fmt(d.values[0])}, {d.arm} {_fmt(d.values[1])})")
+        else:
+            lines.append(f"  {d.arm} vs {d.reference}: no divergence over {d.common_steps} common logged steps "
+                         f"(largest relative difference {_fmt(d.max_rel_diff)} at step {d.max_rel_step})")
+    if grew is not None:
+        lines.append(f"layer whose W_Q spectral norm grew most: {tags.layer_key(grew)}")
+    return "\n".join(lines)
+
+
+def custom_scalar_layout(arms: list[Arm], grew: Optional[int]) -> dict:
+    """Custom-scalars layout: one chart per tag, so the arms (TensorBoard runs) are overlaid in each chart."""
+    present = set().union(*(arm.scalars for arm in arms))
+
+    def charts(tag_list):
+        return {t: ["Multiline", [f"^{re.escape(t)}$"]] for t in tag_list if t in present}
+
+    n_layers = max([*_layers(arms, "spectral", "wq"), *_layers(arms, "attn", "tie_rate"), -1]) + 1
+    layout = {
+        "1 loss and gradient": charts([tags.TRAIN_LOSS, tags.EVAL_LOSS, tags.TRAIN_GRAD_NORM, tags.TRAIN_LR,
+                                        tags.GUARD_BAD_STEPS]),
+        "2 spectral norm of W_Q per layer": charts([tags.spectral(i, "wq") for i in range(n_layers)]),
+        "4 cumulative delta bias per layer": charts([tags.delta_bias(i, "cum") for i in range(n_layers)]),
+        "5 tie rate per layer": charts([tags.attn(i, "tie_rate") for i in range(n_layers)]),
+        "6 max logit per layer": charts([tags.attn(i, "max_logit") for i in range(n_layers)]),
+    }
+    if grew is not None:
+        heads = _heads(arms, grew, "wq")
+        layout[f"3 {tags.layer_key(grew)}: every weight and every W_Q head"] = charts(
+            [tags.spectral(grew, w) for w in tags.WEIGHTS] + [tags.spectral(grew, "wq", h) for h in heads])
+    return {k: v for k, v in sorted(layout.items()) if v}
+
+
+def write_layout(experiment_dir: Path, layout: dict) -> Optional[Path]:
+    """Write the layout as an event file of the experiment folder (replacing the one written before)."""
+    if not layout:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    for old in experiment_dir.glob(EVENTS_GLOB):
+        if old.name.endswith(LAYOUT_SUFFIX):
+            old.unlink()
+    writer = SummaryWriter(str(experiment_dir), filename_suffix=LAYOUT_SUFFIX)
+    writer.add_custom_scalars(layout)
+    writer.close()
+    return next(experiment_dir.glob(f"{EVENTS_GLOB}{LAYOUT_SUFFIX}"), None)
+
+
+_HOW_TO_READ = """
+<ul>
+<li><b>Loss</b>: the arms see the same batches, so their curves overlap until the numerics matter. The dashed line
+marks the divergence step found by the criterion above.</li>
+<li><b>Spectral-norm heatmaps</b>: one row per layer and weight, colour = spectral norm divided by its first logged
+value. In the paper's failure, L01 wq (and a few of its heads) brightens long before the loss jumps; the fixed arm
+should stay dark.</li>
+<li><b>Per-head W_Q</b>: heads of the layer that grew most; a few heads pulling away is the signature.</li>
+<li><b>Cumulative delta bias</b>: running sum of delta_lp - delta_hp on the probe batch. A curve that drifts one way
+(persistent sign) is the accumulating error; a fixed arm should wander around zero.</li>
+<li><b>Tie rate</b>: fraction of probe rows whose maximum score is attained at least twice (within attention.eps),
+the precondition of the biased rounding.</li>
+</ul>
+"""
+
+
+def _html(title: str, summary: str, figures: list[tuple[str, str]], out_dir: Path) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+             "pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}figure{margin:2em 0}"
+             "img{max-width:100%;border:1px solid #ddd}figcaption{color:#444}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>", "<h2>Summary</h2>", f"<pre>{html.escape(summary)}</pre>",
+             "<h2>How to read it</h2>", _HOW_TO_READ, "<h2>Panels</h2>"]
+    for name, caption in figures:
+        data = base64.b64encode((out_dir / name).read_bytes()).decode("ascii")
+        parts.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{html.escape(caption)} (<a href='{html.escape(name)}'>{html.escape(name)}</a>)"
+                     "</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(experiment_dir, out_dir=None, *, layout: bool = True, quiet: bool = False, **criteria) -> Path:
+    """Write the PNG panels, report.html (returned) and summary.txt of an experiment; print the summary.
+
+    ``criteria``: divergence_threshold, divergence_consecutive, smoothing, divergence_tag, reference_arm (see the
+    module docstring). Raises CompareError (with what to do) for a missing folder or one without arms/events."""
+    unknown = set(criteria) - set(DEFAULT_CRITERIA)
+    if unknown:
+        raise CompareError(f"unknown criteria {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_CRITERIA)}")
+    crit = {**DEFAULT_CRITERIA, **{k: v for k, v in criteria.items() if v is not None}}
+    if not float(crit["divergence_threshold"]) > 0:
+        raise CompareError(f"divergence_threshold={crit['divergence_threshold']} must be > 0 (e.g. 0.05 = 5%)")
+    if int(crit["divergence_consecutive"]) < 1 or int(crit["smoothing"]) < 1:
+        raise CompareError("divergence_consecutive and smoothing must be >= 1 (1 = no smoothing)")
+    experiment_dir = Path(experiment_dir)
+    arms = find_arms(experiment_dir)
+    names = [a.name for a in arms]
+    ref_name = crit["reference_arm"] or ("baseline" if "baseline" in names else names[0])
+    if ref_name not in names:
+        raise CompareError(f"reference arm {ref_name!r} is not among the arms {', '.join(names)}")
+    ref = next(a for a in arms if a.name == ref_name)
+    divergences = []
+    tag = crit["divergence_tag"]
+    for arm in arms:
+        if arm is ref:
+            continue
+        a, b = ref.get(tag), arm.get(tag)
+        if a is None or b is None:
+            divergences.append(Divergence(arm.name, ref.name, None, 0, math.nan, None))
+            continue
+        divergences.append(find_divergence(a, b, float(crit["divergence_threshold"]),
+                                           int(crit["divergence_consecutive"]), int(crit["smoothing"]),
+                                           (ref.name, arm.name)))
+    out_dir = Path(out_dir) if out_dir is not None else experiment_dir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    grew = layer_that_grew_most(arms)
+    panels = _Panels(arms, out_dir, divergences, int(crit["smoothing"]))
+    figures = [panels.loss(), panels.grad_norm(), *panels.spectral_heatmaps(), panels.wq_heads(grew),
+               panels.per_layer("delta_bias_cum.png", "delta_bias", "cum", "cumulative delta bias per layer",
+                                "Running sum over probe calls of sum_T(delta_lp - delta_hp), per layer (summed over "
+                                "heads). One sign that keeps growing = the paper's accumulating error.",
+                                "sum of delta_lp - delta_hp"),
+               panels.per_layer("tie_rate.png", "attn", "tie_rate", "tie rate per layer (probe batch)",
+                                "Fraction of probe rows whose maximum score is attained >= 2 times within "
+                                "attention.eps, in the run's score precision.", "tie rate"),
+               panels.per_layer("max_logit.png", "attn", "max_logit", "maximum attention logit per layer",
+                                "Largest scaled score alpha q.k on the probe batch.", "max logit")]
+    summary = summarize(arms, divergences, crit, grew)
+    (out_dir / "summary.txt").write_text(summary + "\n")
+    report = out_dir / "report.html"
+    report.write_text(_html(f"{experiment_dir.name}: {' vs '.join(names)}", summary, figures, out_dir))
+    layout_file = write_layout(experiment_dir, custom_scalar_layout(arms, grew)) if layout else None
+    if not quiet:
+        print(summary)
+        print(f"report: {report}")
+        if layout_file is not None:
+            print(f"TensorBoard: tensorboard --logdir {experiment_dir}  (CUSTOM SCALARS tab: arms overlaid)")
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.compare", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", help="experiment folder, e.g. runs/smoke")
+    parser.add_argument("--out", default=None, help="output folder (default: <experiment>/report)")
+    parser.add_argument("--divergence-threshold", type=float, default=None,
+                        help=f"relative difference of the smoothed series (default {DEFAULT_CRITERIA['divergence_threshold']})")
+    parser.add_argument("--divergence-consecutive", type=int, default=None,
+                        help=f"logged steps in a row above the threshold (default {DEFAULT_CRITERIA['divergence_consecutive']})")
+    parser.add_argument("--smoothing", type=int, default=None,
+                        help=f"trailing-mean window in logged points, 1 = raw (default {DEFAULT_CRITERIA['smoothing']})")
+    parser.add_argument("--divergence-tag", default=None, help="scalar compared (default train/loss)")
+    parser.add_argument("--reference-arm", default=None, help="arm the others are compared with (default baseline)")
+    parser.add_argument("--no-layout", action="store_true", help="do not write the TensorBoard custom-scalars layout")
+    args = parser.parse_args(argv)
+    try:
+        write_report(args.experiment, args.out, layout=not args.no_layout,
+                     divergence_threshold=args.divergence_threshold,
+                     divergence_consecutive=args.divergence_consecutive, smoothing=args.smoothing,
+                     divergence_tag=args.divergence_tag, reference_arm=args.reference_arm)
+    except CompareError as err:
+        print(f"compare: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

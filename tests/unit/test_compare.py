@@ -1,0 +1,122 @@
+"""The comparison on two synthetic runs written here: every file, the planted divergence, clear errors."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from launcher import compare
+from launcher.monitors import tags
+
+REPO = Path(__file__).resolve().parents[2]
+DIVERGE_AT = 300
+LAYERS, HEADS = 3, 4
+
+
+def write_synthetic_arm(run_dir: Path, diverges: bool, seed: int) -> None:
+    """A run logged like the trainer and the monitors: loss every 10 steps, monitors every 50, eval every 100.
+
+    Both arms share the loss curve and noise until DIVERGE_AT, where the diverging arm's loss jumps; before that its
+    W_Q of layer 1 (heads 0 and 2) grows and its delta bias accumulates one sign."""
+    rng = np.random.default_rng(seed)
+    shared = np.random.default_rng(0)
+    writer = SummaryWriter(str(run_dir))
+    for step in range(10, 601, 10):
+        loss = 6.0 * math.exp(-step / 150) + 3.0 + 0.02 * shared.standard_normal()
+        if diverges and step >= DIVERGE_AT:
+            loss += 4.0
+        writer.add_scalar(tags.TRAIN_LOSS, loss, step)
+        writer.add_scalar(tags.TRAIN_GRAD_NORM, 1.0 + 0.1 * shared.random() + (5.0 if diverges and step >= DIVERGE_AT else 0), step)
+        if step % 100 == 0:
+            writer.add_scalar(tags.EVAL_LOSS, loss + 0.1, step)
+    for step in [1] + list(range(50, 601, 50)):
+        for layer in range(LAYERS):
+            for w in tags.WEIGHTS:
+                grow = 1.0 + (step / 100 if diverges and layer == 1 and w == "wq" else 0.01 * step / 100)
+                writer.add_scalar(tags.spectral(layer, w), grow * (1.0 + 0.1 * layer), step)
+            for h in range(HEADS):
+                grow = 1.0 + (step / 100 if diverges and layer == 1 and h in (0, 2) else 0.0)
+                writer.add_scalar(tags.spectral(layer, "wq", h), 0.5 * grow, step)
+                writer.add_scalar(tags.spectral(layer, "wk", h), 0.5, step)
+            cum = (step * 0.1 if diverges else rng.standard_normal()) * (layer + 1)
+            writer.add_scalar(tags.delta_bias(layer, "cum"), cum, step)
+            writer.add_scalar(tags.attn(layer, "tie_rate"), 0.01 + (0.2 if diverges and layer == 1 else 0.0), step)
+            writer.add_scalar(tags.attn(layer, "max_logit"), 5.0 + layer, step)
+    writer.close()
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    exp = tmp_path / "runs" / "synthetic"
+    write_synthetic_arm(exp / "baseline", diverges=True, seed=1)
+    write_synthetic_arm(exp / "fixed", diverges=False, seed=2)
+    return exp
+
+
+EXPECTED_PNGS = {"loss.png", "grad_norm.png", "spectral_heatmap_baseline.png", "spectral_heatmap_fixed.png",
+                 "wq_heads.png", "delta_bias_cum.png", "tie_rate.png", "max_logit.png"}
+
+
+def test_report_has_every_file_and_finds_the_planted_divergence(experiment, capsys):
+    report = compare.write_report(experiment)
+    out_dir = experiment / "report"
+    assert report == out_dir / "report.html"
+    assert EXPECTED_PNGS <= {p.name for p in out_dir.glob("*.png")}
+    for png in EXPECTED_PNGS:
+        assert (out_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = report.read_text()
+    assert text.count("data:image/png;base64,") == len(EXPECTED_PNGS)  # self-contained: images embedded
+    assert "http://" not in text and "https://" not in text
+    summary = (out_dir / "summary.txt").read_text()
+    assert f"fixed vs baseline: diverge at step {DIVERGE_AT}" in summary
+    assert "grew most: L01" in summary
+    assert summary.strip() in capsys.readouterr().out
+    layout_files = list(experiment.glob("events.out.tfevents.*.layout"))
+    assert len(layout_files) == 1
+    compare.write_report(experiment, quiet=True)  # running again replaces the layout instead of adding one
+    assert len(list(experiment.glob("events.out.tfevents.*.layout"))) == 1
+
+
+def test_layout_overlays_arms_chart_by_chart(experiment):
+    arms = compare.find_arms(experiment)
+    assert [a.name for a in arms] == ["baseline", "fixed"]
+    layout = compare.custom_scalar_layout(arms, compare.layer_that_grew_most(arms))
+    charts = {title: spec for category in layout.values() for title, spec in category.items()}
+    assert charts["spectral/L01/wq"] == ["Multiline", ["^spectral/L01/wq$"]]
+    assert "spectral/L01/wq/h02" in charts and "delta_bias/L00/cum" in charts and "train/loss" in charts
+
+
+def test_divergence_criterion():
+    steps = np.arange(10, 210, 10)
+    a = np.full(len(steps), 3.0)
+    b = a.copy()
+    b[steps >= 100] = 3.6        # +20% from step 100
+    b[steps == 50] = 6.0         # one outlier: not k consecutive
+    ref, other = (steps, a), (steps, b)
+    assert compare.find_divergence(ref, other, 0.05, 3, 1).step == 100
+    assert compare.find_divergence(ref, other, 0.05, 1, 1).step == 50
+    assert compare.find_divergence(ref, other, 0.5, 3, 1).step is None
+    # smoothing over 4 points spreads the outlier (detected at 50 with 3 consecutive) and delays the step:
+    # without the outlier, the trailing mean is 3.15 (+5%) at step 100 and 3.3 (+10%) at 110
+    assert compare.find_divergence(ref, other, 0.06, 3, 4).step == 50
+    b[steps == 50] = 3.0
+    assert compare.find_divergence(ref, (steps, b), 0.06, 3, 4).step == 110
+    b_nan = a.copy()
+    b_nan[steps >= 150] = np.nan  # a NaN loss counts as diverged
+    assert compare.find_divergence(ref, (steps, b_nan), 0.05, 2, 1).step == 150
+
+
+def test_clear_errors_without_traceback(tmp_path, capsys):
+    missing = subprocess.run([sys.executable, "-m", "launcher.compare", str(tmp_path / "nope")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2
+    assert "compare: error: no experiment folder" in missing.stderr and "Traceback" not in missing.stderr
+    (tmp_path / "empty" / "baseline").mkdir(parents=True)
+    assert compare.main([str(tmp_path / "empty")]) == 2
+    assert "holds no arm with TensorBoard events" in capsys.readouterr().err
+    with pytest.raises(compare.CompareError):
+        compare.write_report(tmp_path / "empty", divergence_threshold=0.0)
