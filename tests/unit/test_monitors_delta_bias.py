@@ -14,6 +14,15 @@ import kernels
 from launcher.monitors.delta_bias import cosine, exact_attention, layer_delta_bias
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    """These tensors are tiny: one thread is faster, and immune to oversubscription when CI shares the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def crafted(seed, batch=2, heads=2, seq=128, dim=64, d_model=64):
     g = torch.Generator().manual_seed(seed)
     n_anchor = 4

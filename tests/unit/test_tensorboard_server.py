@@ -9,6 +9,7 @@ import time
 import urllib.parse
 import urllib.request
 
+import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
@@ -16,6 +17,15 @@ from launcher import compare
 from launcher.config import Config
 from launcher.monitors import Monitors
 from model import GPT, GPTConfig, build_attention
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """These tensors are tiny: one thread is faster, and immune to oversubscription when CI shares the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 STARTUP_TIMEOUT_S = 90
 
