@@ -1,0 +1,240 @@
+"""The Triton kernel under the interpreter (CPU): bit-level agreement with the reference where designed, accuracy
+of every mode against fp64, the fixes' safety, custom-op / autograd / torch.compile plumbing.
+
+TRITON_INTERPRET=1 is set here, before kernels.triton_flash is first imported (kernels imports it lazily). Shapes
+are tiny: the interpreter runs numpy per program and per loop iteration.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import reference  # noqa: E402
+
+triton_flash = pytest.importorskip("kernels.triton_flash")
+if not triton_flash.INTERPRET:  # pragma: no cover - another module imported the kernels first
+    pytest.skip("kernels.triton_flash was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+MODES = [(r, f) for r in kernels.ROUNDINGS for f in kernels.FIXES]
+BLOCK_N = triton_flash.FIXED_FWD["BLOCK_N"]
+
+
+@pytest.fixture
+def seed():
+    s = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    torch.manual_seed(s)
+    print(f"seed={s}")
+    return s
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(triton_flash, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in units in the last place of the LP dtype at |b|, element-wise. Values below 2^-8 of the largest
+    |b| are measured in the ulp of that floor: there a different FP32 summation order (cancellation) can move the
+    result by more than one of its own tiny ulps without any rounding point differing."""
+    mantissa = {torch.bfloat16: 7, torch.float16: 10}[a.dtype]
+    a, b = a.double(), b.double()
+    mag = b.abs().clamp_min(b.abs().max().item() * 2**-8)
+    ulp = torch.exp2(torch.floor(torch.log2(mag)) - mantissa)
+    return ((a - b).abs() / ulp).ceil()
+
+
+def fp64_out_and_grads(q, k, v, d_out, causal):
+    qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
+    rep = qq.shape[1] // kk.shape[1]
+    s = (qq @ kk.repeat_interleave(rep, 1).transpose(-1, -2)) / math.sqrt(qq.shape[-1])
+    if causal:
+        t = qq.shape[2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.softmax(s, -1) @ vv.repeat_interleave(rep, 1)
+    out.backward(d_out.double())
+    return out.detach(), [qq.grad, kk.grad, vv.grad]
+
+
+def run_both(q, k, v, d_out, causal, rounding, fix):
+    """(kernel out, kernel grads), (reference out, reference grads) on the same leaves."""
+    results = []
+    for fn in (kernels.flash_attention, kernels.reference_attention):
+        for t in (q, k, v):
+            t.grad = None
+        out = fn(q, k, v, causal, rounding, fix)
+        out.backward(d_out)
+        results.append((out.detach(), [t.grad.clone() for t in (q, k, v)]))
+    return results
+
+
+TOL = {torch.bfloat16: {"fa2": 6e-3, "paper": 1.2e-2}, torch.float16: {"fa2": 8e-4, "paper": 1.5e-3}}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_kernel_matches_reference_and_fp64(rounding, fix, causal, dtype, seed):
+    seq = int(torch.randint(65, 131, (1,)))  # ragged tail, two or three key tiles
+    q = torch.randn(1, 2, seq, 64).to(dtype).requires_grad_()
+    k, v = (torch.randn(1, 2, seq, 64).to(dtype).requires_grad_() for _ in range(2))
+    d_out = torch.randn(1, 2, seq, 64).to(dtype)
+    (out, grads), (ref_out, ref_grads) = run_both(q, k, v, d_out, causal, rounding, fix)
+    msg = f"seed={seed} seq={seq}"
+    assert out.dtype == dtype and torch.isfinite(out).all(), msg
+    assert all(torch.isfinite(g).all() for g in grads), msg
+    # Against the reference: same rounding points, so O is bit-identical except where an FP32 result that is not
+    # bit-reproducible across libraries (numpy's vs torch's exp2, or a sum in another order) lands on the other side
+    # of an LP rounding boundary (a score S or a P_bar flips by one LP ulp; fp16 flips ~8x more often than bf16,
+    # having 3 more mantissa bits). Its row of O then moves by a few ulps. So: nearly all elements bit-identical,
+    # and the rest close.
+    eps = torch.finfo(dtype).eps
+    assert (out != ref_out).float().mean() < 0.02, f"{msg}: O differs from the reference in too many elements"
+    assert rel_err(out, ref_out) < eps / 4, f"{msg}: O differs from the reference"
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert rel_err(g, rg) < 2e-3, f"{msg}: d{name} differs from the reference"
+    exact_out, exact_grads = fp64_out_and_grads(q, k, v, d_out, causal)
+    tol = TOL[dtype][rounding]
+    assert rel_err(out, exact_out) < tol, msg
+    for name, g, eg in zip("qkv", grads, exact_grads):
+        assert rel_err(g, eg) < 2 * tol, f"{msg}: d{name} vs fp64"
+
+
+def exact_arithmetic_inputs(seq: int, causal: bool):
+    """Inputs where every sum is exact in FP32, so kernel and reference must agree bit for bit in O.
+
+    Each row's query picks one of 4 anchor directions; the keys of an anchor score 120 (tied, 1 to 4 copies, some
+    across tiles), every other key scores 0 or -30, so P_bar is exactly 1 or exactly 0 (exp of <= -120 underflows
+    in FP32). V values are multiples of 2^-6 in [-2, 2), so the sums of P_bar V are exact and only the explicit
+    rounding points (ties of round-to-nearest-even included) decide the result.
+    """
+    q = torch.zeros(1, 2, seq, 64)
+    k = torch.zeros(1, 2, seq, 64)
+    anchor = torch.randint(0, 4, (1, 2, seq))
+    q.scatter_(-1, anchor.unsqueeze(-1), 32.0)
+    k[..., :4] = -30.0 * 8 / 32  # score -30 against every anchor
+    for a in range(4):
+        for h in range(2):
+            pos = torch.randperm(seq)[: int(torch.randint(1, 5, (1,)))]
+            k[0, h, pos, a] = 30.0  # score 32 * 30 / 8 = 120
+    v = torch.randint(-128, 128, (1, 2, seq, 64)) / 64.0
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rounding,fix", [(r, f) for r in kernels.ROUNDINGS for f in ("none", "fp32_output")])
+def test_bit_for_bit_where_sums_are_exact(rounding, fix, causal, seed):
+    seq = int(torch.randint(65, 131, (1,)))
+    q, k, v = exact_arithmetic_inputs(seq, causal)
+    out = kernels.flash_attention(q, k, v, causal, rounding, fix)
+    ref = kernels.reference_attention(q, k, v, causal, rounding, fix, block_n=BLOCK_N)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"seed={seed} seq={seq}"
+    saved = kernels.saved_output(q, k, v, causal=causal, rounding=rounding, fix=fix, backend="triton")
+    ref_saved = kernels.saved_output(q, k, v, causal=causal, rounding=rounding, fix=fix)
+    assert torch.equal(saved, ref_saved), f"seed={seed} seq={seq}"
+
+
+def test_rounding_helper_in_kernel_is_bitwise_rne(seed):
+    """The kernel's _round_lp (explicit bit rounding under the interpreter) equals torch's RNE cast."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round_kernel(X, Y, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < N)
+        tl.store(Y + offs, triton_flash._round_lp(x, True, True), mask=offs < N)
+
+    ties = (torch.randint(-(2**15), 2**15, (96,), dtype=torch.int32) * 65536 + 0x8000).view(torch.float32)
+    x = torch.cat([torch.randn(4000) * 1e3, ties[~torch.isnan(ties)], torch.tensor([float("inf"), -0.0, 0.0])])
+    y = torch.full_like(x, float("nan"))
+    _round_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    assert torch.equal(y.view(torch.int32), x.bfloat16().float().view(torch.int32))
+
+
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_head_dims_and_gqa(head_dim, seed):
+    q = torch.randn(1, 4, 80, head_dim).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 2, 80, head_dim).bfloat16().requires_grad_() for _ in range(2))
+    d_out = torch.randn(1, 4, 80, head_dim).bfloat16()
+    for rounding, fix in (("fa2", "none"), ("paper", "dynamic_max")):
+        (out, grads), (ref_out, ref_grads) = run_both(q, k, v, d_out, True, rounding, fix)
+        assert grads[1].shape == k.shape
+        assert ulps_apart(out, ref_out).max() <= 1, f"seed={seed}"
+        for g, rg in zip(grads, ref_grads):
+            assert rel_err(g, rg) < 2e-3, f"seed={seed}"
+
+
+def test_non_contiguous_inputs(seed):
+    """(batch, seq, heads, dim) storage seen through a transpose, as a model produces it."""
+    base = [torch.randn(1, 70, 2, 64).bfloat16() for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in base)
+    out = kernels.flash_attention(q, k, v, True, "fa2", "none")
+    ref = kernels.reference_attention(q.contiguous(), k.contiguous(), v.contiguous(), True, "fa2", "none")
+    assert ulps_apart(out, ref).max() <= 1
+
+
+SAFETY_CASES = [(0.0, 2), (0.0, 96), (1.0, 2), (120.0, 3), (1e4, 2), (1e30, 2), (-120.0, 2)]
+
+
+def tied_inputs(logit: float, ties: int, seq: int = 96, dim: int = 64):
+    """Rows whose maximum logit repeats ``ties`` times inside one key tile; V all ones (a correct O row is 1)."""
+    q = torch.zeros(1, 1, seq, dim)
+    k = torch.zeros(1, 1, seq, dim)
+    q[..., 0] = 1.0
+    k[..., 0] = (logit - abs(logit) / 4 - 1) * dim**0.5
+    k[:, :, torch.arange(ties), 0] = logit * dim**0.5
+    return q.bfloat16(), k.bfloat16(), torch.ones(1, 1, seq, dim, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+@pytest.mark.parametrize("logit,ties", SAFETY_CASES)
+def test_safe_fix_never_nan_inf_or_zeroed(rounding, logit, ties):
+    q, k, v = tied_inputs(logit, ties)
+    out = kernels.flash_attention(q, k, v, False, rounding, "dynamic_max")
+    assert torch.isfinite(out).all() and ((out.float() - 1).abs() <= 2**-6).all()
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_published_rule_failure_reproduced(rounding):
+    q, k, v = tied_inputs(120.0, 2)
+    out = kernels.flash_attention(q, k, v, False, rounding, "dynamic_max_published")
+    assert torch.isnan(out).all(), "a repeated logit of 120 with beta 2 underflows every P_bar: 0/0"
+    out = kernels.flash_attention(*tied_inputs(20.0, 2), False, rounding, "dynamic_max_published", beta=7.0)
+    assert torch.isnan(out).all(), "beta 7 fails from a repeated logit of ~15"
+
+
+def test_torch_compile_sees_a_custom_op(seed):
+    q, k, v = (torch.randn(1, 2, 64, 64).bfloat16().requires_grad_() for _ in range(3))
+
+    def step(q, k, v):
+        return kernels.flash_attention(q, k, v, True, "paper", "dynamic_max").float().square().sum()
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    loss = compiled(q, k, v)
+    loss.backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    step(q, k, v).backward()
+    assert all(torch.equal(a, t.grad) for a, t in zip(grads, (q, k, v)))
+
+
+def test_clear_errors():
+    q = torch.randn(1, 2, 8, 64).bfloat16()
+    with pytest.raises(TypeError, match="dtype"):
+        kernels.flash_attention(q.float(), q.float(), q.float())
+    with pytest.raises(ValueError, match="fix"):
+        kernels.flash_attention(q, q, q, fix="dynamic")
