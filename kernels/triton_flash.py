@@ -472,11 +472,9 @@ def _configs(shapes):
 _FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "FIX", "IS_BF16"]
 _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
 _fwd_tuned = triton.autotune(
-    _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]), key=_FWD_KEY)(_fwd_kernel)
-_dkdv_tuned = triton.autotune(
-    _configs([(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(
-    _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dq_kernel)
+    _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3)]), key=_FWD_KEY)(_fwd_kernel)
+_dkdv_tuned = triton.autotune(_configs([(32, 128, 4, 3), (64, 128, 8, 3)]), key=_BWD_KEY)(_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(_configs([(128, 32, 4, 3), (128, 64, 8, 3)]), key=_BWD_KEY)(_bwd_dq_kernel)
 
 
 def _autotune() -> bool:

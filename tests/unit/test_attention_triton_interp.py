@@ -164,6 +164,41 @@ def test_rounding_helper_in_kernel_is_bitwise_rne(seed):
     assert torch.equal(y.view(torch.int32), x.bfloat16().float().view(torch.int32))
 
 
+def test_safe_shift_in_kernel_matches_reference_bitwise(seed):
+    import triton
+    import triton.language as tl
+
+    from kernels.rounding import safe_shift
+
+    @triton.jit
+    def _shift_kernel(R, ROWS, BH, D, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        r_m = tl.load(R + offs, mask=offs < N)
+        rows = tl.load(ROWS + offs, mask=offs < N)
+        bh = tl.load(BH + offs, mask=offs < N)
+        tl.store(D + offs, triton_flash._safe_shift(r_m, rows, bh), mask=offs < N)
+
+    n = 4096
+    r_m = torch.cat([torch.randn(n - 6) * 100, torch.tensor([0.0, -0.0, 1e30, -1e30, float("-inf"), 3.0])])
+    rows = torch.randint(0, 1 << 20, (n,), dtype=torch.int32)
+    bh = torch.randint(0, 1 << 12, (n,), dtype=torch.int32)
+    out = torch.full((n,), float("nan"))
+    _shift_kernel[(triton.cdiv(n, 1024),)](r_m, rows, bh, out, n, BLOCK=1024)
+    assert torch.equal(out, safe_shift(r_m, rows, bh)), f"seed={seed}"
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_tied_rows_match_reference(rounding, seed):
+    """Rows with repeated maxima (the bias probe's inputs): the fixes' per-row shifts agree with the reference."""
+    from kernels.bias_probe import build_inputs
+
+    q, k, v, _, _ = build_inputs(2, torch.Generator().manual_seed(seed))
+    for fix in ("dynamic_max", "dynamic_max_published"):
+        out = kernels.flash_attention(q, k, v, False, rounding, fix)
+        ref = kernels.reference_attention(q, k, v, False, rounding, fix, block_n=BLOCK_N)
+        assert (out != ref).float().mean() < 0.02 and rel_err(out, ref) < 1e-3, f"seed={seed} {fix}"
+
+
 @pytest.mark.parametrize("head_dim", [32, 128])
 def test_head_dims_and_gqa(head_dim, seed):
     q = torch.randn(1, 4, 80, head_dim).bfloat16().requires_grad_()

@@ -1,0 +1,164 @@
+"""Attention speed on the GPU: every rounding x fix mode of the Triton kernel next to torch SDPA (flash, cuDNN).
+
+    python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--out FILE.md]
+
+Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
+``triton.testing.do_bench``. Before timing, each mode's output is checked against SDPA (relative error of a bf16
+kernel, 2e-2 allowed for paper rounding). The Triton kernels are autotuned on the first call of every shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 4096, 128), (1, 32, 8192, 128)]
+
+
+def _parse_shape(text: str):
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r} must be B,H,T,D with positive integers, e.g. 8,12,1024,64")
+    return shape
+
+
+def _modes():
+    from kernels import FIXES, ROUNDINGS
+
+    return [f"{r}/{f}" for r in ROUNDINGS for f in FIXES]
+
+
+def flops(b, h, t, d):
+    fwd = 2 * 2 * b * h * t * t * d / 2
+    return fwd, 3.5 * fwd
+
+
+def bench(fn, rep_ms: int) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=max(25, rep_ms // 4), rep=rep_ms, return_mode="median")
+
+
+def sdpa_fn(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return run
+
+
+def measure(fn, q, k, v, d_out, rep_ms):
+    """(fwd ms, fwd+bwd ms) of fn."""
+    def fwd():
+        with torch.no_grad():
+            fn(q, k, v)
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(d_out)
+
+    fwd_bwd()  # compile / autotune outside the timing
+    fwd()
+    return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms)
+
+
+def run(shapes, modes, rep_ms, log):
+    from torch.nn.attention import SDPBackend
+
+    import kernels
+
+    rows = []
+    for shape in shapes:
+        b, h, t, d = shape
+        f_fwd, f_all = flops(*shape)
+        q, k, v, d_out = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        results = {}
+        baseline = None
+        for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            fn = sdpa_fn(backend)
+            try:
+                if baseline is None:
+                    with torch.no_grad():
+                        baseline = fn(q, k, v).float()
+                results[name] = measure(fn, q, k, v, d_out, rep_ms)
+            except RuntimeError as exc:  # a backend torch cannot run here
+                log(f"{shape} {name}: unavailable ({str(exc).splitlines()[0][:100]})")
+        for mode in modes:
+            rounding, fix = mode.split("/")
+            t0 = time.time()
+
+            def fn(q, k, v, rounding=rounding, fix=fix):
+                return kernels.flash_attention(q, k, v, True, rounding, fix)
+
+            with torch.no_grad():
+                out = fn(q, k, v).float()
+            err = ((out - baseline).norm() / baseline.norm()).item()
+            limit = 2e-2 if rounding == "paper" else 1e-2
+            if not (err < limit):
+                raise SystemExit(f"{shape} {mode}: output differs from SDPA by {err:.2e} (limit {limit}); not timing")
+            results[mode] = measure(fn, q, k, v, d_out, rep_ms)
+            log(f"{shape} {mode}: fwd {results[mode][0]:.3f} ms, fwd+bwd {results[mode][1]:.3f} ms, rel err vs SDPA "
+                f"{err:.1e} ({time.time() - t0:.0f} s with tuning)")
+        for name, (t_fwd, t_all) in results.items():
+            rows.append((shape, name, f_fwd / t_fwd / 1e9, f_all / t_all / 1e9))
+        del q, k, v, d_out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def to_markdown(rows, device: str) -> str:
+    by_shape = {}
+    for shape, name, tf_fwd, tf_all in rows:
+        by_shape.setdefault(shape, {})[name] = (tf_fwd, tf_all)
+    lines = [f"Attention benchmark on {device}, torch {torch.__version__}, causal bf16 (TFLOP/s; ratios of fwd+bwd).",
+             "", "| B,H,T,D | impl | fwd TFLOP/s | fwd+bwd TFLOP/s | / SDPA flash | / SDPA cuDNN | / same rounding, "
+             "fix=none |", "|---|---|---|---|---|---|---|"]
+    for shape, res in by_shape.items():
+        flash = res.get("sdpa-flash", (None, None))[1]
+        cudnn = res.get("sdpa-cudnn", (None, None))[1]
+        for name, (tf_fwd, tf_all) in res.items():
+            ratio = lambda ref: f"{tf_all / ref:.2f}" if ref else "-"  # noqa: E731
+            base = res.get(name.split("/")[0] + "/none", (None, None))[1] if "/" in name else None
+            lines.append(f"| {','.join(map(str, shape))} | {name} | {tf_fwd:.0f} | {tf_all:.0f} | {ratio(flash)} | "
+                         f"{ratio(cudnn)} | {ratio(base)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", type=_parse_shape, default=SHAPES, metavar="B,H,T,D",
+                        help="shapes to time (default: the four of the issue)")
+    parser.add_argument("--modes", nargs="+", default=None, metavar="ROUNDING/FIX",
+                        help="kernel modes (default: all eight)")
+    parser.add_argument("--rep-ms", type=int, default=200, help="milliseconds of timed repetitions (default 200)")
+    parser.add_argument("--out", default=None, help="also write the markdown table here")
+    args = parser.parse_args(argv)
+    modes = args.modes or _modes()
+    unknown = [m for m in modes if m not in _modes()]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; choose from {_modes()}")
+    if not torch.cuda.is_available():
+        print("benchmarks.attention needs a CUDA GPU (run it on the device machine)", file=sys.stderr)
+        return 2
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    rows = run(args.shapes, modes, args.rep_ms, log)
+    table = to_markdown(rows, torch.cuda.get_device_name())
+    print(table)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
