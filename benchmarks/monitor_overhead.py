@@ -15,11 +15,12 @@ Runs in well under two minutes for gpt2_small_paper on one H200; ``--recipe smok
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -59,8 +60,9 @@ def main(argv=None) -> int:
     from torch.utils.tensorboard import SummaryWriter
 
     device = torch.device("cuda" if torch.cuda.is_available() and config.run.device != "cpu" else "cpu")
-    if config.model.vocab_size == 0:
-        config.model.vocab_size = 50304
+    if config.model.vocab_size == 0:  # the data's vocabulary when it is prepared, else GPT-2's (padded)
+        meta = Path(config.data.data_dir) / "meta.json"
+        config.model.vocab_size = json.loads(meta.read_text())["vocab_size"] if meta.is_file() else 50304
     mon = config.monitor
     torch.manual_seed(config.run.seed)
     backend = resolve_backend(config.attention, device)
