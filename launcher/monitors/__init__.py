@@ -110,13 +110,16 @@ class Monitors:
         device = next(self.model.parameters()).device
         start = self._clock(device)
         values: dict[str, float] = {}
-        if do_spectral:
-            values.update(self._spectral())
-            values[tags.SPECTRAL_SECONDS] = self._clock(device) - start
-        if do_probe:
-            probe_start = self._clock(device)
-            values.update(self._probe(device))
-            values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
+        # The monitors' own arithmetic is FP32/FP64 whatever context the caller is in; the probe forward enters the
+        # run's autocast itself.
+        with torch.autocast(device.type, enabled=False):
+            if do_spectral:
+                values.update(self._spectral())
+                values[tags.SPECTRAL_SECONDS] = self._clock(device) - start
+            if do_probe:
+                probe_start = self._clock(device)
+                values.update(self._probe(device))
+                values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
         self._overhead_s += self._clock(device) - start
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, global_step=step)
