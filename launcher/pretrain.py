@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from launcher import distributed
+from launcher.compare import CompareError
 from launcher.checkpoint import CheckpointStore, rng_state, set_rng_state
 from launcher.config import Config, ConfigError, OptimConfig, arm_names, build_config, describe, load_recipe
 from launcher.data import BatchSchedule, DataError, OffsetRecorder, TokenData, eval_offsets, windows
@@ -384,7 +385,7 @@ def parse_args(argv):
     parser.add_argument("--no-report", action="store_true", help="skip the comparison report at the end")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config of each arm and exit")
     parser.add_argument("--help-config", action="store_true", help="list every config field with its meaning")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after --arm
     if args.help_config:
         print(describe())
         sys.exit(0)
@@ -414,9 +415,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if info.is_main and not args.no_report and len(results) > 1 and results[-1].status != "interrupted":
             from launcher.compare import write_report
 
-            html = write_report(configs[0].run_dir.parent)
-            print(f"[report] {html}", flush=True)
-    except (ConfigError, DataError) as err:
+            write_report(configs[0].run_dir.parent)  # prints its summary and the report's path
+    except (ConfigError, DataError, CompareError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
