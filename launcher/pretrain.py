@@ -350,6 +350,8 @@ def train_arm(config: Config, info: distributed.DistInfo) -> ArmResult:
                 break
     if writer is not None:
         writer.close()
+    if step == start_step and status == "completed":
+        message = "already complete; nothing to train (use another run.experiment or a larger run.max_steps)"
     if info.is_main:
         overhead = f", monitors {monitors.overhead_s:.1f}s" if monitors is not None else ""
         print(f"{tag} {status} at step {step}{overhead}{': ' + message if message else ''}", flush=True)
@@ -426,7 +428,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         distributed.shutdown()
     if info is not None and info.is_main:
         for r in results:
-            print(f"[summary] {r.arm}: {r.status} at step {r.steps}, last loss {r.last_loss:.4f}  ({r.run_dir})")
+            loss = f"last loss {r.last_loss:.4f}" if math.isfinite(r.last_loss) else r.message or "no finite loss"
+            print(f"[summary] {r.arm}: {r.status} at step {r.steps}, {loss}  ({r.run_dir})")
     if any(r.status == "interrupted" for r in results):
         return 130
     return 3 if any(r.status == "stopped" for r in results) else 0

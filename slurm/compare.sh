@@ -1,0 +1,10 @@
+#!/bin/bash
+# Writes the comparison report of an experiment once its arms have ended (submitted by pretrain_fp8.sh).
+#SBATCH --job-name=fp8-attention-report
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --time=00:30:00
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+"${PYTHON:-python3}" -m launcher.compare "$1"
