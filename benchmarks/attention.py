@@ -70,6 +70,29 @@ def measure(fn, q, k, v, d_out, rep_ms):
     return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms)
 
 
+def breakdown(q, k, v, d_out, rep_ms, log, shape):
+    """Time of each launch of fa2/none (forward; delta, dK/dV, dQ of the backward) and of the Python/autograd path,
+    to tell kernel time from host overhead."""
+    from kernels import triton_flash as tf
+    from kernels.modes import check_args
+
+    nm = check_args(q, k, v, "fa2", "none", 2.0, 1e-3, (torch.bfloat16,))
+    with torch.no_grad():
+        out, lse, _ = tf._forward(q, k, v, True, nm)
+    t_fwd = bench(lambda: tf._forward(q, k, v, True, nm), rep_ms)
+    t_bwd = bench(lambda: tf._backward(d_out, q, k, v, out, lse, True, nm), rep_ms)
+    t_op = bench(lambda: tf.flash_bwd(d_out, q, k, v, out, lse, True, "fa2", "none", 2.0, 1e-3), rep_ms)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        tf._backward(d_out, q, k, v, out, lse, True, nm)
+    host = (time.perf_counter() - t0) / 20 * 1e3  # no sync inside: host time per call if it exceeds the GPU's
+    torch.cuda.synchronize()
+    cfg = {n: getattr(getattr(tf, n), "best_config", None) for n in ("_fwd_tuned", "_dkdv_tuned", "_dq_tuned")}
+    log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
+        f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; configs {cfg}")
+
+
 def run(shapes, modes, rep_ms, log):
     from torch.nn.attention import SDPBackend
 
@@ -108,6 +131,8 @@ def run(shapes, modes, rep_ms, log):
             results[mode] = measure(fn, q, k, v, d_out, rep_ms)
             log(f"{shape} {mode}: fwd {results[mode][0]:.3f} ms, fwd+bwd {results[mode][1]:.3f} ms, rel err vs SDPA "
                 f"{err:.1e} ({time.time() - t0:.0f} s with tuning)")
+        if "fa2/none" in modes:
+            breakdown(q, k, v, d_out, rep_ms, log, shape)
         for name, (t_fwd, t_all) in results.items():
             rows.append((shape, name, f_fwd / t_fwd / 1e9, f_all / t_all / 1e9))
         del q, k, v, d_out

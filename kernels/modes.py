@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,18 +29,45 @@ def _fp32(x: float) -> float:
 
 @dataclass(frozen=True)
 class Numerics:
-    """Resolved mode and FP32 scalars of one attention call, identical for kernel and reference."""
+    """Resolved mode and FP32 scalars of one attention call, identical for kernel and reference.
+
+    The row maximum is taken in the "max domain": the LP-rounded natural score S = LP(q.k * scale) for rounding=paper,
+    the raw FP32 q.k for rounding=fa2 (whose P_bar = exp2((q.k - m) * scale*log2(e)): subtracting before scaling
+    keeps the largest term exactly 1 for any logit, where a fused q.k*scale - m would leave the product's rounding
+    error, huge at huge logits, in the exponent).
+    """
 
     paper: bool
     fix: int
     sm_scale: float  # 1/sqrt(head_dim), FP32
-    score_scale: float  # factor from q.k to the score domain: sm_scale (paper, nats) or sm_scale*log2(e) (fa2, bits)
+    score_scale: float  # q.k -> max domain: sm_scale (paper) or 1 (fa2)
+    exp_scale: float  # max-domain difference -> exponent of exp2: log2(e) (paper) or sm_scale*log2(e) (fa2)
+    shift_scale: float  # safe-shift delta (nats for paper, bits for fa2) -> max domain: 1 (paper), 1/exp_scale (fa2)
     beta: float
-    eps_cmp: float  # tie tolerance in the score domain: eps (paper) or eps*log2(e) (fa2); widened for dynamic_max
+    eps_cmp: float  # tie tolerance in the max domain (widened for dynamic_max)
 
     @property
     def keeps_fp32_output(self) -> bool:
         return self.fix == FIX_FP32_OUTPUT
+
+
+@functools.lru_cache(maxsize=256)
+def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype) -> Numerics:
+    paper = rounding == "paper"
+    sm_scale = _fp32(head_dim**-0.5)
+    if fix == "dynamic_max":
+        eps = max(eps, TIE_GAP.get(dtype, TIE_GAP[torch.bfloat16]))  # fp32 inputs are rounded to bf16
+    exp_scale = _fp32(LOG2E) if paper else _fp32(head_dim**-0.5 * LOG2E)
+    return Numerics(
+        paper=paper,
+        fix=FIX_CODE[fix],
+        sm_scale=sm_scale,
+        score_scale=sm_scale if paper else 1.0,
+        exp_scale=exp_scale,
+        shift_scale=1.0 if paper else _fp32(1.0 / exp_scale),
+        beta=_fp32(beta),
+        eps_cmp=_fp32(eps if paper else eps / sm_scale),
+    )
 
 
 def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str, fix: str, beta: float, eps: float,
@@ -70,15 +98,4 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
         raise ValueError(f"beta={beta} must be > 1 (the published rule shifts a repeated maximum to beta x max)")
     if not (eps >= 0.0):
         raise ValueError(f"eps={eps} must be >= 0")
-    paper = rounding == "paper"
-    sm_scale = _fp32(d**-0.5)
-    if fix == "dynamic_max":
-        eps = max(eps, TIE_GAP.get(q.dtype, TIE_GAP[torch.bfloat16]))  # fp32 inputs are rounded to bf16
-    return Numerics(
-        paper=paper,
-        fix=FIX_CODE[fix],
-        sm_scale=sm_scale,
-        score_scale=sm_scale if paper else _fp32(d**-0.5 * LOG2E),
-        beta=_fp32(beta),
-        eps_cmp=_fp32(eps if paper else eps * LOG2E),
-    )
+    return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype)

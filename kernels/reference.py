@@ -8,8 +8,8 @@ rounding to the LP dtype is explicit (``kernels.rounding.round_lp``).
 
 Rounding points per mode (LP = input dtype, bf16 or fp16):
 
-* ``fa2``: S = q.k * scale*log2(e) in FP32; P_bar = exp2(S - m) in FP32, rounded to LP for the P_bar V product;
-  FP32 running O and row sum l; one final rounding of O = O_acc / l.
+* ``fa2``: S = q.k in FP32 (the maximum is taken on it); P_bar = exp2((S - m) * scale*log2(e)) in FP32, rounded to LP
+  for the P_bar V product; FP32 running O and row sum l; one final rounding of O = O_acc / l.
 * ``paper`` (the authors' code under BF16 autocast): S = LP(q.k * scale); m from LP scores; P_bar =
   exp(LP(S - m)) in FP32; the tile product LP(LP(P_bar) V); running O = LP(LP(O * alpha) + tile product);
   l = LP(alpha * l + rowsum(P_bar)); O = LP(O / l); LSE = m + log(l) in FP32.
@@ -42,7 +42,7 @@ def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.
     r_s = ((r_m.unsqueeze(-1) - s) <= nm.eps_cmp).sum(-1)
     tied = r_s > 1
     if nm.fix == FIX_SAFE:
-        return torch.where(tied, r_m + safe_shift(r_m, rows, bh), r_m)
+        return torch.where(tied, r_m + safe_shift(r_m, rows, bh) * nm.shift_scale, r_m)
     else:
         scaled = r_m * nm.beta
         if nm.paper:
@@ -106,8 +106,8 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                 acc32 = acc32 * alpha.unsqueeze(-1) + pv
                 l32 = l32 * alpha + row_sum
         else:
-            p = torch.exp2(s - m_use.unsqueeze(-1))
-            alpha = torch.exp2(m_i - m_use)
+            p = torch.exp2((s - m_use.unsqueeze(-1)) * nm.exp_scale)
+            alpha = torch.exp2((m_i - m_use) * nm.exp_scale)
             l_i = l_i * alpha + p.sum(-1)
             acc = acc * alpha.unsqueeze(-1) + round_lp(p, lp) @ vt
         m_i = m_new
@@ -120,7 +120,7 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     if nm.paper:
         lse = m_i + torch.log2(l_i) * LN2
     else:
-        lse = (m_i + torch.log2(l_i)) * LN2
+        lse = (m_i * nm.exp_scale + torch.log2(l_i)) * LN2
     if not nm.keeps_fp32_output:
         return out, lse, None
     if shadow:
@@ -149,11 +149,11 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     for n0 in range(0, seq, block_n):
         n1 = min(n0 + block_n, seq)
         kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]
-        s = (qf @ kt.transpose(-1, -2)) * nm.score_scale
+        qk = qf @ kt.transpose(-1, -2)
         if nm.paper:
-            p = torch.exp2((round_lp(s, lp) - lse_s) * LOG2E)
+            p = torch.exp2((round_lp(qk * nm.sm_scale, lp) - lse_s) * LOG2E)
         else:
-            p = torch.exp2(s - lse_s)
+            p = torch.exp2(qk * nm.exp_scale - lse_s)
         if causal:
             cols = torch.arange(n0, n1, device=q.device).view(1, 1, 1, -1)
             p = p.masked_fill(cols > rows, 0.0)

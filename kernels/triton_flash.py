@@ -6,6 +6,11 @@ read when this module is first imported) every rounding is done on the FP32 bit 
 interpreter's fp32 -> bf16 cast truncates, and every matrix product runs on FP32 operands holding LP values,
 because the interpreter's bf16 ``tl.dot`` is wrong. Both choices are compile-time flags (EXPLICIT).
 
+In rounding=fa2 the row maximum is taken on the raw FP32 q.k and P_bar = exp2((q.k - m) * scale*log2(e)): subtracting
+before scaling keeps the largest term exactly 1 at any logit (a fused q.k*scale - m, as FA2 kernels do it, leaves the
+product's rounding error in the exponent: harmless for ordinary logits, inf or 0 beyond ~1e9). It costs one multiply
+per score.
+
 Layout: q, k, v are (batch, heads, seq, head_dim), k/v may have fewer heads (grouped-query attention). The forward
 saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised O. The backward is three
 launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of its group, so no
@@ -106,12 +111,12 @@ def _safe_shift(r_m, rows, bh):
 
 
 @triton.jit
-def _tile_max(s, r_m, rows, bh, beta, eps_cmp, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
-              EXPLICIT: tl.constexpr):
+def _tile_max(s, r_m, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.constexpr, FIX: tl.constexpr,
+              IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """Maximum that score tile s contributes to the online softmax, per row (see reference._tile_max)."""
     if FIX == 1:  # dynamic_max (safe): bounded, per-row varying shift of a repeated maximum
         r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
-        m = tl.where(r_s > 1, r_m + _safe_shift(r_m, rows, bh), r_m)
+        m = tl.where(r_s > 1, r_m + _safe_shift(r_m, rows, bh) * shift_scale, r_m)
     elif FIX == 2:  # dynamic_max_published
         r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
         tied = r_s > 1
@@ -132,7 +137,7 @@ def _tile_max(s, r_m, rows, bh, beta, eps_cmp, PAPER: tl.constexpr, FIX: tl.cons
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh, T, lo, hi,
-               score_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
                EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
     """Online softmax over key tiles [lo, hi): MASKED adds the causal and ragged-tail masks."""
@@ -145,16 +150,17 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
             kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
         else:
             kt = tl.load(kt_ptrs)
-        s = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT) * score_scale
+        s = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT)
         if PAPER:
-            s = _round_lp(s, IS_BF16, EXPLICIT)
+            s = _round_lp(s * score_scale, IS_BF16, EXPLICIT)
         if MASKED:
             valid = cols[None, :] < T
             if CAUSAL:
                 valid = valid & (offs_m[:, None] >= cols[None, :])
             s = tl.where(valid, s, float("-inf"))
         r_m = tl.max(s, 1)
-        m_new = tl.maximum(m_i, _tile_max(s, r_m, offs_m, bh, beta, eps_cmp, PAPER, FIX, IS_BF16, EXPLICIT))
+        m_new = tl.maximum(m_i, _tile_max(s, r_m, offs_m, bh, beta, eps_cmp, shift_scale, PAPER, FIX, IS_BF16,
+                                          EXPLICIT))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if MASKED:
             v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
@@ -162,8 +168,8 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
             v = tl.load(v_ptrs)
         v = _loaded_operand(v, EXPLICIT)
         if PAPER:
-            p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * 1.4426950408889634)
-            alpha = tl.exp2(_round_lp(m_i - m_use, IS_BF16, EXPLICIT) * 1.4426950408889634)
+            p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * exp_scale)
+            alpha = tl.exp2(_round_lp(m_i - m_use, IS_BF16, EXPLICIT) * exp_scale)
             row_sum = tl.sum(p, 1)
             pv = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, None, EXPLICIT)
             l_i = _round_lp(alpha * l_i + row_sum, IS_BF16, EXPLICIT)
@@ -173,8 +179,8 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
                 acc32 = acc32 * alpha[:, None] + pv
                 l32 = l32 * alpha + row_sum
         else:
-            p = tl.exp2(s - m_use[:, None])
-            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2((s - m_use[:, None]) * exp_scale)  # subtract first: the maximum's term is exactly 1
+            alpha = tl.exp2((m_i - m_use) * exp_scale)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, acc * alpha[:, None], EXPLICIT)
         m_i = m_new
@@ -183,7 +189,8 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
-                stride_vh, stride_vt, H, GROUP, T, score_scale, beta, eps_cmp, HEAD_DIM: tl.constexpr,
+                stride_vh, stride_vt, H, GROUP, T, score_scale, exp_scale, shift_scale, beta, eps_cmp,
+                HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                 FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     LP: tl.constexpr = O.dtype.element_ty
@@ -216,10 +223,12 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
         full_hi = (T // BLOCK_N) * BLOCK_N
         hi = T
     acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                           offs_d, bh, T, 0, full_hi, score_scale, beta, eps_cmp, LP, BLOCK_N, False,
+                                           offs_d, bh, T, 0, full_hi, score_scale, exp_scale, shift_scale, beta, eps_cmp,
+                                           LP, BLOCK_N, False,
                                            CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
     acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                           offs_d, bh, T, full_hi, hi, score_scale, beta, eps_cmp, LP, BLOCK_N, True,
+                                           offs_d, bh, T, full_hi, hi, score_scale, exp_scale, shift_scale, beta,
+                                           eps_cmp, LP, BLOCK_N, True,
                                            CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
     if FIX == 2:
         l_div = l_i  # the published rule divides 0 by 0 when a row underflows (the authors clamp; we do not)
@@ -237,7 +246,7 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
     if PAPER:
         lse = m_i + tl.log2(l_i) * 0.6931471805599453
     else:
-        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+        lse = (m_i * exp_scale + tl.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + bh * T + offs_m, lse, mask=row_ok)
     if FIX == 3:
         if SHADOW:
@@ -268,19 +277,19 @@ def _bwd_delta_kernel(OS, DO, DELTA, T, HEAD_DIM: tl.constexpr, BLOCK_M: tl.cons
 
 
 @triton.jit
-def _probs_t(k, qt, lse, score_scale, PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+def _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """P^T of a (key tile x query tile) block recomputed from LSE (natural log), scores rounded as in the forward."""
-    st = _mma(k, qt, None, EXPLICIT) * score_scale
+    qkt = _mma(k, qt, None, EXPLICIT)
     if PAPER:
-        pt = tl.exp2((_round_lp(st, IS_BF16, EXPLICIT) - lse[None, :]) * 1.4426950408889634)
+        pt = tl.exp2((_round_lp(qkt * sm_scale, IS_BF16, EXPLICIT) - lse[None, :]) * 1.4426950408889634)
     else:
-        pt = tl.exp2(st - (lse * 1.4426950408889634)[None, :])
+        pt = tl.exp2(qkt * exp_scale - (lse * 1.4426950408889634)[None, :])
     return pt
 
 
 @triton.jit
 def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T, lo, hi,
-                    score_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
                     EXPLICIT: tl.constexpr):
     """Accumulate dK^T-side products of one key tile over query tiles [lo, hi) of one head."""
@@ -301,7 +310,7 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
             delta = tl.load(delta_base + rows)
         qt = _loaded_operand(qt, EXPLICIT)
         do = _loaded_operand(do, EXPLICIT)
-        pt = _probs_t(k, qt, lse, score_scale, PAPER, IS_BF16, EXPLICIT)
+        pt = _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER, IS_BF16, EXPLICIT)
         if MASKED:
             valid = (rows[None, :] < T) & (cols[:, None] < T)
             if CAUSAL:
@@ -316,7 +325,7 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
-                     stride_kt, stride_vb, stride_vh, stride_vt, H, GROUP, T, score_scale, sm_scale,
+                     stride_kt, stride_vb, stride_vh, stride_vt, H, GROUP, T, exp_scale, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """dK and dV of one key tile of one k/v head, summed over the GROUP query heads that share it."""
@@ -354,18 +363,18 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stri
         lse_base = LSE + bh * T
         delta_base = DELTA + bh * T
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T,
-                                 m_lo, m_diag, score_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
+                                 m_lo, m_diag, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
                                  EXPLICIT)
         if start_n + BLOCK_N <= T:
             dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d,
-                                     T, m_diag, full_end, score_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER,
+                                     T, m_diag, full_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER,
                                      IS_BF16, EXPLICIT)
         else:
             dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d,
-                                     T, m_diag, full_end, score_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER,
+                                     T, m_diag, full_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER,
                                      IS_BF16, EXPLICIT)
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T,
-                                 tail_lo, m_end, score_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
+                                 tail_lo, m_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
                                  EXPLICIT)
     dk = dk * sm_scale
     out_off = bhk * T * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :]
@@ -377,7 +386,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stri
 
 
 @triton.jit
-def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi, score_scale,
+def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi, sm_scale,
+                  exp_scale,
                   LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                   PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
@@ -395,11 +405,11 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, r
             vt = tl.load(vt_ptrs)
         kt = _loaded_operand(kt, EXPLICIT)
         vt = _loaded_operand(vt, EXPLICIT)
-        s = _mma(q, kt, None, EXPLICIT) * score_scale
+        qk = _mma(q, kt, None, EXPLICIT)
         if PAPER:
-            p = tl.exp2((_round_lp(s, IS_BF16, EXPLICIT) - lse[:, None]) * 1.4426950408889634)
+            p = tl.exp2((_round_lp(qk * sm_scale, IS_BF16, EXPLICIT) - lse[:, None]) * 1.4426950408889634)
         else:
-            p = tl.exp2(s - lse2[:, None])
+            p = tl.exp2(qk * exp_scale - lse2[:, None])
         if MASKED:
             valid = (rows[:, None] < T) & (cols[None, :] < T)
             if CAUSAL:
@@ -413,7 +423,7 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, r
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                   stride_vb, stride_vh, stride_vt, H, GROUP, T, score_scale, sm_scale, HEAD_DIM: tl.constexpr,
+                   stride_vb, stride_vh, stride_vt, H, GROUP, T, exp_scale, sm_scale, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                    IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """dQ of one query tile of one head."""
@@ -444,12 +454,12 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
         hi = T
     if start_m + BLOCK_M <= T:
         dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, 0, full_hi,
-                           score_scale, LP, BLOCK_N, False, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+                           sm_scale, exp_scale, LP, BLOCK_N, False, CAUSAL, PAPER, IS_BF16, EXPLICIT)
     else:
         dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, 0, full_hi,
-                           score_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+                           sm_scale, exp_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
     dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, full_hi, hi,
-                       score_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+                       sm_scale, exp_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
     dq = dq * sm_scale
     if EXPLICIT:
         dq = _round_lp(dq, IS_BF16, EXPLICIT)
@@ -473,8 +483,10 @@ _FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "FIX", "IS_BF16"]
 _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
 _fwd_tuned = triton.autotune(
     _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3)]), key=_FWD_KEY)(_fwd_kernel)
-_dkdv_tuned = triton.autotune(_configs([(32, 128, 4, 3), (64, 128, 8, 3)]), key=_BWD_KEY)(_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(_configs([(128, 32, 4, 3), (128, 64, 8, 3)]), key=_BWD_KEY)(_bwd_dq_kernel)
+_dkdv_tuned = triton.autotune(
+    _configs([(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(
+    _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dq_kernel)
 
 
 def _autotune() -> bool:
@@ -522,7 +534,7 @@ def _forward(q, k, v, causal: bool, nm: Numerics):
     lse = _new((bsz, heads, seq), torch.float32, q.device)
     o32 = _new((bsz, heads, seq, dim) if nm.keeps_fp32_output else (0,), torch.float32, q.device)
     args = (q, k, v, out, o32, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq,
-            nm.score_scale, nm.beta, nm.eps_cmp)
+            nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, FIX=nm.fix, IS_BF16=q.dtype == torch.bfloat16,
                 EXPLICIT=INTERPRET)
     if _autotune():
@@ -544,7 +556,7 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
     dq = _new((bsz, heads, seq, dim), q.dtype, q.device)
     dk = _new((bsz, kv_heads, seq, dim), k.dtype, k.device)
     dv = _new((bsz, kv_heads, seq, dim), v.dtype, v.device)
-    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq, nm.score_scale, nm.sm_scale)
+    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq, nm.exp_scale, nm.sm_scale)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
     if _autotune():
         _dkdv_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_N"]), bsz * kv_heads)](
