@@ -79,6 +79,7 @@ class Monitors:
         self.probe_interval = int(getattr(mon, "probe_interval", 100))
         layers = getattr(mon, "delta_bias_layers", None)
         self.delta_layers = list(range(self.n_layer)) if layers is None else sorted(set(int(i) for i in layers))
+        # power_tolerance is not a MonitorConfig field yet; 1e-4 keeps every estimate within 1% (see spectral.py)
         self.tracker = SpectralTracker(int(getattr(mon, "power_iterations", 3)),
                                        tol=float(getattr(mon, "power_tolerance", 1e-4)))
         self.delta_cum: dict[int, torch.Tensor] = {}
@@ -184,15 +185,15 @@ class Monitors:
         values = _Values()
         with torch.no_grad():
             xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in range(self.n_layer)])
-            os_ = torch.stack([probe.layers[i].o.float().transpose(1, 2).flatten(2).flatten(0, 1)
+            outs = torch.stack([probe.layers[i].o.float().transpose(1, 2).flatten(2).flatten(0, 1)
                                for i in range(self.n_layer)])
             rows = xs.shape[1] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
-            x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", os_) / rows
+            x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", outs) / rows
             for i in range(self.n_layer):
                 cap = probe.layers[i]
                 values.add(tags.act(i, "x_rms"), xs[i].pow(2).mean().sqrt())
                 values.add(tags.act(i, "x_sv"), x_sv[i])
-                values.add(tags.act(i, "o_rms"), os_[i].pow(2).mean().sqrt())
+                values.add(tags.act(i, "o_rms"), outs[i].pow(2).mean().sqrt())
                 values.add(tags.act(i, "o_sv"), o_sv[i])
                 s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
                 per_head = head_stats(s, self.eps)
