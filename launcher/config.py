@@ -121,6 +121,8 @@ class MonitorConfig:
     """Sequences in the fixed probe batch (drawn once from the validation split)."""
     power_iterations: int = 3
     """Power-iteration steps per spectral-norm estimate (vectors persist across calls, so a few suffice)."""
+    power_tolerance: float = 1e-4
+    """Keep iterating (up to 8x power_iterations) while the estimate still rises by more than this per step."""
     delta_bias_layers: Optional[list[int]] = None
     """Layers whose delta bias is measured; null means all layers."""
 
@@ -450,8 +452,9 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         if getattr(config.eval, name) < 0 or getattr(config.checkpoint, name) < 0:
             problems.append("eval.interval and checkpoint.interval must be >= 0")
     mon = config.monitor
-    if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0:
-        problems.append("monitor intervals must be >= 0, monitor.probe_batch_size and power_iterations > 0")
+    if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0 \
+            or mon.power_tolerance < 0:
+        problems.append("monitor intervals and power_tolerance must be >= 0, probe_batch_size and power_iterations > 0")
     for layer in mon.delta_bias_layers or []:
         if not 0 <= layer < m.n_layer:
             problems.append(f"monitor.delta_bias_layers has layer {layer}; layers are 0..{m.n_layer - 1}")

@@ -75,13 +75,11 @@ class Monitors:
         self.n_layer = len(model.blocks)
         self.n_head = model.blocks[0].attn.n_head
         self.head_dim = model.blocks[0].attn.head_dim
-        self.spectral_interval = int(getattr(mon, "spectral_interval", 100))
-        self.probe_interval = int(getattr(mon, "probe_interval", 100))
-        layers = getattr(mon, "delta_bias_layers", None)
-        self.delta_layers = list(range(self.n_layer)) if layers is None else sorted(set(int(i) for i in layers))
-        # power_tolerance is not a MonitorConfig field yet; 1e-4 keeps every estimate within 1% (see spectral.py)
-        self.tracker = SpectralTracker(int(getattr(mon, "power_iterations", 3)),
-                                       tol=float(getattr(mon, "power_tolerance", 1e-4)))
+        self.spectral_interval = mon.spectral_interval
+        self.probe_interval = mon.probe_interval
+        layers = mon.delta_bias_layers
+        self.delta_layers = list(range(self.n_layer)) if layers is None else sorted(set(layers))
+        self.tracker = SpectralTracker(mon.power_iterations, tol=mon.power_tolerance)
         self.delta_cum: dict[int, torch.Tensor] = {}
         self.prev_error: dict[int, torch.Tensor] = {}
         self._last: dict[str, float] = {}
