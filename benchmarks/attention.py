@@ -88,7 +88,7 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
         tf._backward(d_out, q, k, v, out, lse, True, nm)
     host = (time.perf_counter() - t0) / 20 * 1e3  # no sync inside: host time per call if it exceeds the GPU's
     torch.cuda.synchronize()
-    cfg = {n: getattr(getattr(tf, n), "best_config", None) for n in ("_fwd_tuned", "_dkdv_tuned", "_dq_tuned")}
+    cfg = {n: str(getattr(getattr(tf, n), "best_config", None)) for n in ("_fwd_tuned", "_dkdv_tuned", "_dq_tuned")}
     log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
         f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; configs {cfg}")
 
