@@ -6,5 +6,5 @@
 #SBATCH --time=00:30:00
 #SBATCH --output=%x-%j.out
 set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+cd "${SLURM_SUBMIT_DIR:-.}"  # the repository root (see pretrain_fp8.sh)
 "${PYTHON:-python3}" -m launcher.compare "$1"

@@ -22,7 +22,12 @@
 #SBATCH --output=%x-%A_%a.out
 set -euo pipefail
 
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+# SLURM runs a spooled copy of this script, so paths are taken from the submission folder: the repository root.
+cd "${SLURM_SUBMIT_DIR:-.}"
+if [[ ! -f launcher/pretrain.py ]]; then
+  echo "submit from the repository root (cd to it, then: sbatch slurm/pretrain_fp8.sh)" >&2
+  exit 2
+fi
 RECIPE=${RECIPE:-gpt_1p3b_fp8}
 read -r -a ARM_LIST <<< "${ARMS:-baseline fixed}"
 TASK=${SLURM_ARRAY_TASK_ID:-0}
@@ -43,7 +48,7 @@ if [[ "$TASK" == 0 && -n "${SLURM_ARRAY_JOB_ID:-}" && "${SLURM_RESTART_COUNT:-0}
   EXPERIMENT=$("$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --dry-run | sed -n 's/^  experiment: //p' | head -n 1)
   OUT_DIR=$("$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --dry-run | sed -n 's/^  out_dir: //p' | head -n 1)
   sbatch --dependency="afterany:${SLURM_ARRAY_JOB_ID}" --export=ALL,PYTHON="$PYTHON" \
-    "$(dirname "$(readlink -f "$0")")/compare.sh" "$OUT_DIR/$EXPERIMENT" || \
+    slurm/compare.sh "$OUT_DIR/$EXPERIMENT" || \
     echo "could not submit the comparison job; run: python -m launcher.compare $OUT_DIR/$EXPERIMENT" >&2
 fi
 
