@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.modes import FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, Numerics, check_args
+from kernels.modes import FIX_PUBLISHED, FIX_SAFE, Numerics, check_args
 from kernels.rounding import LN2, LOG2E, round_lp, safe_shift
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
