@@ -21,6 +21,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def single_thread():
+    """For tests on tiny tensors: one thread is faster, and immune to oversubscription when CI shares the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def kjv_data(tmp_path_factory) -> Path:
     """The embedded corpus prepared once per test session (trained BPE, ~5 s)."""

@@ -13,13 +13,7 @@ from launcher.monitors.spectral import SpectralTracker, power_iteration, top_sin
 from model import GPT, GPTConfig, build_attention
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These tensors are tiny: one thread is faster, and immune to oversubscription when CI shares the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,13 +14,7 @@ import kernels
 from launcher.monitors.delta_bias import cosine, exact_attention, layer_delta_bias
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These tensors are tiny: one thread is faster, and immune to oversubscription when CI shares the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def crafted(seed, batch=2, heads=2, seq=128, dim=64, d_model=64):

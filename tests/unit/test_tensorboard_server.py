@@ -19,13 +19,7 @@ from launcher.monitors import Monitors
 from model import GPT, GPTConfig, build_attention
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These tensors are tiny: one thread is faster, and immune to oversubscription when CI shares the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 STARTUP_TIMEOUT_S = 90
 
