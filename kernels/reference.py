@@ -179,6 +179,11 @@ def _check_blocks(block_m: int, block_n: int) -> None:
             raise ValueError(f"{name}={b} must be a power of two >= 16 (the kernel's tile sizes)")
 
 
+def _no_autocast(t: torch.Tensor):
+    """The rounding points are explicit here; an enclosing autocast must not recast the FP32 products."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
 class _ReferenceAttention(torch.autograd.Function):
     """Autograd wrapper: the forward saves LSE and the O that delta uses; the backward is the flash backward."""
 
@@ -187,7 +192,8 @@ class _ReferenceAttention(torch.autograd.Function):
         in_dtype = q.dtype
         heads = q.shape[1]
         ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps)
-        out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
+        with _no_autocast(q):
+            out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
         ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse)
         ctx.args = (causal, nm, block_n, in_dtype)
         return out.to(in_dtype)
@@ -197,8 +203,9 @@ class _ReferenceAttention(torch.autograd.Function):
         ql, kl, vl, o_saved, lse = ctx.saved_tensors
         causal, nm, block_n, in_dtype = ctx.args
         heads, kv_heads = ql.shape[1], kl.shape[1]
-        dq, dk, dv = backward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), o_saved, lse,
-                                   d_out.contiguous(), causal, nm, block_n)
+        with _no_autocast(ql):
+            dq, dk, dv = backward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), o_saved, lse,
+                                       d_out.contiguous(), causal, nm, block_n)
         if kv_heads != heads:
             bsz, _, seq, dim = dk.shape
             dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
@@ -225,5 +232,6 @@ def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", bet
     """The O that the reference backward uses for delta (LP O, or the FP32 O for fix=fp32_output)."""
     heads = q.shape[1]
     ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps)
-    out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
+    with _no_autocast(q):
+        out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
     return out if o32 is None else o32

@@ -266,3 +266,16 @@ def test_bias_probe_reference(seed):
         assert all(abs(x) < 0.13 for x in vals.values()), f"seed={seed} paper/dynamic_max {key}: {vals}"
     assert all(abs(x) < 0.05 for x in res[("paper", "fp32_output")]["delta"].values())
     assert all(r["nan_rows"] == 0 for r in res.values())
+
+
+@pytest.mark.parametrize("rounding", ["fa2", "paper"])
+def test_reference_is_unaffected_by_an_enclosing_autocast(rounding):
+    """The model calls the reference inside CPU BF16 autocast when precision.dtype=bf16."""
+    q, k, v = (torch.randn(1, 2, 80, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    plain = kernels.reference_attention(q, k, v, rounding=rounding)
+    grads = torch.autograd.grad(plain.float().sum(), (q, k, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = kernels.reference_attention(q, k, v, rounding=rounding)
+        grads_under = torch.autograd.grad(under.float().sum(), (q, k, v))
+    assert torch.equal(plain, under)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_under))
