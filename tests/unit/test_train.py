@@ -1,5 +1,6 @@
 """The trainer end to end on CPU: loss falls, resume is exact, the CLI reports user mistakes without tracebacks."""
 
+import math
 import os
 import signal
 import subprocess
@@ -98,3 +99,43 @@ def test_help_config_lists_documented_fields():
     proc = cli(["--help-config"])
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0 and "attention.fix" in out and "dynamic_max" in out
+
+
+def _nan_at(monkeypatch, bad_call: int):
+    """Make the ``bad_call``-th training forward return a NaN loss (one micro-batch per step in these tests)."""
+    from model.gpt import GPT
+
+    original = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None):
+        logits, loss = original(self, idx, targets)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] == bad_call:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_guard_stops_without_saving_the_bad_state(tiny_overrides, monkeypatch):
+    _nan_at(monkeypatch, bad_call=5)
+    config = load_config("smoke", tiny_overrides + ["data.micro_batch_size=4", "checkpoint.interval=2",
+                                                    "eval.interval=0", "monitor.spectral_interval=1"])
+    result = train_arm(config, distributed.DistInfo())
+    assert result.status == "stopped" and "loss is nan" in result.message
+    assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000004.pt"
+    dump = (result.run_dir / "bad_step_00000005.yaml").read_text()
+    assert "spectral/L00/wq" in dump  # the monitors' last values are kept for the post-mortem
+    assert scalars(result.run_dir, "guard/bad_steps") == {5: 1.0}
+
+
+def test_guard_skip_drops_the_update_and_goes_on(tiny_overrides, monkeypatch):
+    _nan_at(monkeypatch, bad_call=3)
+    config = load_config("smoke", tiny_overrides + ["data.micro_batch_size=4", "guard.action=skip"])
+    result = train_arm(config, distributed.DistInfo())
+    losses = scalars(result.run_dir, "train/loss")
+    assert result.status == "completed" and result.steps == 6
+    assert 3 not in losses and all(math.isfinite(v) for v in losses.values())
+    assert scalars(result.run_dir, "guard/bad_steps") == {3: 1.0}
