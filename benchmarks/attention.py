@@ -3,8 +3,9 @@
     python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--out FILE.md]
 
 Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
-``triton.testing.do_bench``. Before timing, each mode's output is checked against SDPA (relative error of a bf16
-kernel, 2e-2 allowed for paper rounding). The Triton kernels are autotuned on the first call of every shape.
+``triton.testing.do_bench``. Before timing, each mode's output and gradients (with the autotuned configurations)
+are checked against SDPA (relative error of a bf16 kernel, 2e-2 allowed for paper rounding). The Triton kernels are
+autotuned on the first call of every shape.
 """
 
 from __future__ import annotations
@@ -82,15 +83,35 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
     t_fwd = bench(lambda: tf._forward(q, k, v, True, nm), rep_ms)
     t_bwd = bench(lambda: tf._backward(d_out, q, k, v, out, lse, True, nm), rep_ms)
     t_op = bench(lambda: tf.flash_bwd(d_out, q, k, v, out, lse, True, "fa2", "none", 2.0, 1e-3), rep_ms)
+
+    def op_step():  # fwd+bwd through the torch custom ops (the path torch.compile sees; eager used it before)
+        q.grad = k.grad = v.grad = None
+        tf.flash_fwd(q, k, v, True, "fa2", "none", 2.0, 1e-3)[0].backward(d_out)
+
+    def eager_step():
+        q.grad = k.grad = v.grad = None
+        tf.flash_attention(q, k, v, True, "fa2", "none").backward(d_out)
+
+    t_op_step = bench(op_step, rep_ms)
+    t_eager_step = bench(eager_step, rep_ms)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(20):
         tf._backward(d_out, q, k, v, out, lse, True, nm)
     host = (time.perf_counter() - t0) / 20 * 1e3  # no sync inside: host time per call if it exceeds the GPU's
     torch.cuda.synchronize()
-    cfg = {n: str(getattr(getattr(tf, n), "best_config", None)) for n in ("_fwd_tuned", "_dkdv_tuned", "_dq_tuned")}
+    t0 = time.perf_counter()
+    for _ in range(20):
+        eager_step()
+    host_step = (time.perf_counter() - t0) / 20 * 1e3
+    torch.cuda.synchronize()
+    cfg = {n: str(tf._TUNED.get(k)) for n, k in (
+        ("fwd", ("fwd", shape[2], shape[3], True, False, 0, torch.bfloat16)),
+        ("dkdv", ("dkdv", shape[2], shape[3], True, False, torch.bfloat16)),
+        ("dq", ("dq", shape[2], shape[3], True, False, torch.bfloat16)))}
     log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
-        f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; configs {cfg}")
+        f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; fwd+bwd step eager {t_eager_step:.3f} ms vs via "
+        f"custom ops {t_op_step:.3f} ms, eager step host-issue time {host_step:.3f} ms/call; configs {cfg}")
 
 
 def run(shapes, modes, rep_ms, log):
@@ -106,12 +127,16 @@ def run(shapes, modes, rep_ms, log):
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         results = {}
         baseline = None
+        ref_grads = None
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             fn = sdpa_fn(backend)
             try:
                 if baseline is None:
                     with torch.no_grad():
                         baseline = fn(q, k, v).float()
+                    q.grad = k.grad = v.grad = None
+                    fn(q, k, v).backward(d_out)
+                    ref_grads = [x.grad.float() for x in (q, k, v)]
                 results[name] = measure(fn, q, k, v, d_out, rep_ms)
             except RuntimeError as exc:  # a backend torch cannot run here
                 log(f"{shape} {name}: unavailable ({str(exc).splitlines()[0][:100]})")
@@ -128,9 +153,16 @@ def run(shapes, modes, rep_ms, log):
             limit = 2e-2 if rounding == "paper" else 1e-2
             if not (err < limit):
                 raise SystemExit(f"{shape} {mode}: output differs from SDPA by {err:.2e} (limit {limit}); not timing")
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v).backward(d_out)  # autotunes the backward; its gradients are checked too
+            gerr = max(((x.grad.float() - r).norm() / r.norm()).item() for x, r in zip((q, k, v), ref_grads))
+            if not (gerr < 2 * limit):
+                raise SystemExit(f"{shape} {mode}: gradients differ from SDPA by {gerr:.2e} (limit {2 * limit}); "
+                                 "not timing")
+            err = max(err, gerr)
             results[mode] = measure(fn, q, k, v, d_out, rep_ms)
             log(f"{shape} {mode}: fwd {results[mode][0]:.3f} ms, fwd+bwd {results[mode][1]:.3f} ms, rel err vs SDPA "
-                f"{err:.1e} ({time.time() - t0:.0f} s with tuning)")
+                f"(O and grads) {err:.1e} ({time.time() - t0:.0f} s with tuning)")
         if "fa2/none" in modes:
             breakdown(q, k, v, d_out, rep_ms, log, shape)
         for name, (t_fwd, t_all) in results.items():
@@ -176,6 +208,9 @@ def main(argv=None) -> int:
         print("benchmarks.attention needs a CUDA GPU (run it on the device machine)", file=sys.stderr)
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    import triton
+
+    log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     rows = run(args.shapes, modes, args.rep_ms, log)
     table = to_markdown(rows, torch.cuda.get_device_name())
     print(table)

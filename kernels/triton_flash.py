@@ -475,18 +475,64 @@ FIXED_DKDV = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 FIXED_DQ = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
-def _configs(shapes):
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in shapes]
-
-
 _FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "FIX", "IS_BF16"]
 _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
-_fwd_tuned = triton.autotune(
-    _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3)]), key=_FWD_KEY)(_fwd_kernel)
-_dkdv_tuned = triton.autotune(
-    _configs([(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(
-    _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)]), key=_BWD_KEY)(_bwd_dq_kernel)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, head dims the config is tried for; the others are pruned before they are
+# compiled). The forward needs BLOCK_M to be a multiple of BLOCK_N (its causal split into full and diagonal tiles).
+_ALL_D = (16, 32, 64, 128)
+_FWD_CONFIGS = [(128, 64, 4, 3, _ALL_D), (128, 128, 8, 3, _ALL_D), (128, 64, 8, 3, _ALL_D)]
+# Head dim 128 also tries shallower pipelines and 8 warps (the H200 run of 2026-11-30 picked the original three
+# configurations at head dim 64, where deeper pipelines and 8-warp 2-stage variants were tried and lost).
+_D128 = (128,)
+_DKDV_CONFIGS = [(32, 128, 4, 3, _ALL_D), (64, 128, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D),
+                 (64, 128, 8, 2, _D128), (64, 64, 8, 2, _D128), (32, 64, 4, 3, _D128)]
+_DQ_CONFIGS = [(128, 32, 4, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D),
+               (128, 64, 8, 2, _D128), (64, 64, 8, 2, _D128), (64, 32, 4, 3, _D128)]
+
+
+def _configs(shapes):
+    out = []
+    for bm, bn, w, st, dims in shapes:
+        cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+        cfg.head_dims = dims  # read by _prune_by_head_dim only
+        out.append(cfg)
+    return out
+
+
+def _prune_by_head_dim(configs, named_args, **kwargs):
+    dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+    kept = [c for c in configs if dim in getattr(c, "head_dims", _ALL_D)]
+    return kept or configs
+
+
+_PRUNE = {"early_config_prune": _prune_by_head_dim}
+_fwd_tuned = triton.autotune(_configs(_FWD_CONFIGS), key=_FWD_KEY, prune_configs_by=_PRUNE)(_fwd_kernel)
+_dkdv_tuned = triton.autotune(_configs(_DKDV_CONFIGS), key=_BWD_KEY, prune_configs_by=_PRUNE)(_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(_configs(_DQ_CONFIGS), key=_BWD_KEY, prune_configs_by=_PRUNE)(_bwd_dq_kernel)
+
+# Host-side cache of the tuned launch parameters, keyed like the autotuners plus the dtype: after the first call of a
+# key the kernel is launched directly, without the autotuner's per-call argument binding and key computation.
+_TUNED: dict = {}
+_last_fwd_block_n = FIXED_FWD["BLOCK_N"]
+
+
+def _launch(tuned, kernel, fixed: dict, key: tuple, grid, args: tuple, meta: dict) -> dict:
+    """Launch kernel with the fixed, cached or (first call of a key) autotuned configuration; returns the config.
+
+    grid(cfg) -> the launch grid for a configuration dict holding BLOCK_M and BLOCK_N.
+    """
+    if not _autotune():
+        kernel[grid(fixed)](*args, **meta, **fixed)
+        return fixed
+    cfg = _TUNED.get(key)
+    if cfg is None:
+        tuned[lambda c: grid(c)](*args, **meta)
+        best = tuned.best_config
+        cfg = dict(best.all_kwargs())
+        _TUNED[key] = cfg
+        return cfg
+    kernel[grid(cfg)](*args, **meta, **cfg)
+    return cfg
 
 
 def _autotune() -> bool:
@@ -495,9 +541,7 @@ def _autotune() -> bool:
 
 def forward_block_n() -> int:
     """Key-tile size of the most recent forward launch (the reference needs the same block_n to match bits)."""
-    if _autotune() and _fwd_tuned.best_config is not None:
-        return _fwd_tuned.best_config.kwargs["BLOCK_N"]
-    return FIXED_FWD["BLOCK_N"]
+    return _last_fwd_block_n
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -527,47 +571,53 @@ def _numerics(q, k, v, rounding, fix, beta, eps) -> Numerics:
 
 
 def _forward(q, k, v, causal: bool, nm: Numerics):
+    global _last_fwd_block_n
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     bsz, heads, seq, dim = q.shape
     group = heads // k.shape[1]
-    out = _new((bsz, heads, seq, dim), q.dtype, q.device)
-    lse = _new((bsz, heads, seq), torch.float32, q.device)
-    o32 = _new((bsz, heads, seq, dim) if nm.keeps_fp32_output else (0,), torch.float32, q.device)
-    args = (q, k, v, out, o32, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq,
+    dev = q.device
+    out = _new((bsz, heads, seq, dim), q.dtype, dev)
+    lse = _new((bsz, heads, seq), torch.float32, dev)
+    o32 = _new((bsz, heads, seq, dim) if nm.keeps_fp32_output else (0,), torch.float32, dev)
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    args = (q, k, v, out, o32, lse, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], heads, group, seq,
             nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
-    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, FIX=nm.fix, IS_BF16=q.dtype == torch.bfloat16,
-                EXPLICIT=INTERPRET)
-    if _autotune():
-        _fwd_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_M"]), bsz * heads)](*args, **meta)
-    else:
-        _fwd_kernel[(triton.cdiv(seq, FIXED_FWD["BLOCK_M"]), bsz * heads)](*args, **meta, **FIXED_FWD)
+    is_bf16 = q.dtype == torch.bfloat16
+    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, FIX=nm.fix, IS_BF16=is_bf16, EXPLICIT=INTERPRET)
+    rows = bsz * heads
+    cfg = _launch(_fwd_tuned, _fwd_kernel, FIXED_FWD, ("fwd", seq, dim, causal, nm.paper, nm.fix, q.dtype),
+                  lambda c: (triton.cdiv(seq, c["BLOCK_M"]), rows), args, meta)
+    _last_fwd_block_n = cfg["BLOCK_N"]
     return out, lse, o32
 
 
 def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    d_out = d_out.to(q.dtype).contiguous()
-    o_saved = o_saved.contiguous()
+    if d_out.dtype != q.dtype:
+        d_out = d_out.to(q.dtype)
+    if not d_out.is_contiguous():
+        d_out = d_out.contiguous()
+    if not o_saved.is_contiguous():
+        o_saved = o_saved.contiguous()
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    delta = _new((bsz, heads, seq), torch.float32, q.device)
+    dev = q.device
+    delta = _new((bsz, heads, seq), torch.float32, dev)
     _bwd_delta_kernel[(triton.cdiv(seq, 64), bsz * heads)](o_saved, d_out, delta, seq, HEAD_DIM=dim, BLOCK_M=64)
-    dq = _new((bsz, heads, seq, dim), q.dtype, q.device)
-    dk = _new((bsz, kv_heads, seq, dim), k.dtype, k.device)
-    dv = _new((bsz, kv_heads, seq, dim), v.dtype, v.device)
-    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, group, seq, nm.exp_scale, nm.sm_scale)
+    dq = _new((bsz, heads, seq, dim), q.dtype, dev)
+    dk = _new((bsz, kv_heads, seq, dim), k.dtype, dev)
+    dv = _new((bsz, kv_heads, seq, dim), v.dtype, dev)
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    common = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], heads, group, seq, nm.exp_scale,
+              nm.sm_scale)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
-    if _autotune():
-        _dkdv_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_N"]), bsz * kv_heads)](
-            q, k, v, d_out, lse, delta, dk, dv, *common, **meta)
-        _dq_tuned[lambda c: (triton.cdiv(seq, c["BLOCK_M"]), bsz * heads)](
-            q, k, v, d_out, lse, delta, dq, *common, **meta)
-    else:
-        _bwd_dkdv_kernel[(triton.cdiv(seq, FIXED_DKDV["BLOCK_N"]), bsz * kv_heads)](
-            q, k, v, d_out, lse, delta, dk, dv, *common, **meta, **FIXED_DKDV)
-        _bwd_dq_kernel[(triton.cdiv(seq, FIXED_DQ["BLOCK_M"]), bsz * heads)](
-            q, k, v, d_out, lse, delta, dq, *common, **meta, **FIXED_DQ)
+    key = (seq, dim, causal, nm.paper, q.dtype)
+    kv_rows, q_rows = bsz * kv_heads, bsz * heads
+    _launch(_dkdv_tuned, _bwd_dkdv_kernel, FIXED_DKDV, ("dkdv",) + key,
+            lambda c: (triton.cdiv(seq, c["BLOCK_N"]), kv_rows), (q, k, v, d_out, lse, delta, dk, dv, *common), meta)
+    _launch(_dq_tuned, _bwd_dq_kernel, FIXED_DQ, ("dq",) + key,
+            lambda c: (triton.cdiv(seq, c["BLOCK_M"]), q_rows), (q, k, v, d_out, lse, delta, dq, *common), meta)
     return dq, dk, dv
 
 
@@ -623,12 +673,36 @@ def _backward_rule(ctx, d_out, _d_lse, _d_o32):
 flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
+class _FlashAttention(torch.autograd.Function):
+    """Eager-mode autograd of the kernel: the same launches as the custom ops, without their dispatch overhead."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, nm: Numerics):
+        out, lse, o32 = _forward(q, k, v, causal, nm)
+        ctx.save_for_backward(q, k, v, o32 if nm.keeps_fp32_output else out, lse)
+        ctx.causal = causal
+        ctx.nm = nm
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, o_saved, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm)
+        return dq, dk, dv, None, None
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
                     fix: str = "none", beta: float = 2.0, eps: float = 1e-3) -> torch.Tensor:
-    """Triton flash attention; see ``kernels.flash_attention``."""
-    if not torch.compiler.is_compiling():
-        _numerics(q, k, v, rounding, fix, beta, eps)  # clear errors before the op boundary (the op checks again)
-    return flash_fwd(q, k, v, causal, rounding, fix, beta, eps)[0]
+    """Triton flash attention; see ``kernels.flash_attention``.
+
+    Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under
+    ``torch.compile`` the call is the custom op ``sla_attention::flash_fwd`` (opaque to the compiler). Both run the
+    same launches, so their results are identical.
+    """
+    if torch.compiler.is_compiling():
+        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps)[0]
+    nm = _numerics(q, k, v, rounding, fix, beta, eps)
+    return _FlashAttention.apply(q, k, v, bool(causal), nm)
 
 
 def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3) -> torch.Tensor:
