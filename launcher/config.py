@@ -86,7 +86,8 @@ class DataConfig:
     """Token data and batch shape."""
 
     data_dir: str = "data/cache/kjv"
-    """Folder with train.bin, val.bin and meta.json written by `python -m launcher.prepare_data`."""
+    """Folder with train.bin, val.bin and meta.json written by `python -m launcher.prepare_data`; the default is
+    where the embedded corpus is prepared automatically on first use."""
     seq_len: int = 1024
     """Tokens per training sequence; at most model.max_seq_len."""
     global_batch_size: int = 320

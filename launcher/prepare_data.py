@@ -35,6 +35,7 @@ GPT2_FILES = (
     "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
 )
 EOT = "<|endoftext|>"
+EMBEDDED_DATA_DIR = "data/cache/kjv"  # where the main job prepares the embedded corpus on first use
 
 
 class PrepareError(RuntimeError):
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.prepare_data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", nargs="+", default=["kjv"], help="kjv, local files/folders, or a cached HF dataset name")
-    parser.add_argument("--out", default="data/cache/kjv", help="output folder (default: %(default)s)")
+    parser.add_argument("--out", default=EMBEDDED_DATA_DIR, help="output folder (default: %(default)s)")
     parser.add_argument("--tokenizer", choices=("auto", "gpt2", "bpe"), default="auto",
                         help="gpt2 (tiktoken, needs its cached files), bpe (train one), auto (gpt2 if cached)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained BPE (default: %(default)s)")

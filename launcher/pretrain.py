@@ -24,13 +24,13 @@ import torch
 import yaml
 
 from launcher import distributed
-from launcher.compare import CompareError
 from launcher.checkpoint import CheckpointStore, rng_state, set_rng_state
+from launcher.compare import CompareError
 from launcher.config import Config, ConfigError, OptimConfig, arm_names, build_config, describe, load_recipe
 from launcher.data import BatchSchedule, DataError, OffsetRecorder, TokenData, eval_offsets, windows
+from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from model import GPT, build_attention, resolve_backend
 
-DEFAULT_DATA_DIR = "data/cache/kjv"  # the embedded corpus is prepared here on first use
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0}
 
 
@@ -158,10 +158,8 @@ def peak_tflops(config: Config, device: torch.device) -> float:
 def open_data(config: Config, info: distributed.DistInfo) -> TokenData:
     """Open the prepared data, preparing the embedded corpus on first use if the recipe points at it."""
     data_dir = Path(config.data.data_dir)
-    if str(data_dir) == DEFAULT_DATA_DIR and not (data_dir / "meta.json").is_file():
+    if data_dir == Path(EMBEDDED_DATA_DIR) and not (data_dir / "meta.json").is_file():
         if info.is_main:
-            from launcher.prepare_data import ensure_prepared
-
             ensure_prepared(data_dir)
         if info.distributed:
             torch.distributed.barrier()
