@@ -22,6 +22,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def seed() -> int:
+    """A fresh random seed per test (fresh inputs every run), printed so that a failure can be replayed."""
+    s = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    torch.manual_seed(s)
+    print(f"seed={s}")
+    return s
+
+
+@pytest.fixture
 def single_thread():
     """For tests on tiny tensors: one thread is faster, and immune to oversubscription when CI shares the cores."""
     threads = torch.get_num_threads()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 

@@ -8,9 +8,6 @@ stays small; the benchmark exercises the autotuned path.
 
 from __future__ import annotations
 
-import math
-import os
-
 import pytest
 import torch
 
@@ -20,17 +17,9 @@ pytestmark = [pytest.mark.gpu,
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.bias_probe import run_probe  # noqa: E402
+from tests.attention_common import MODES, fp64_out_and_grads, rel_err  # noqa: E402
 
-MODES = [(r, f) for r in kernels.ROUNDINGS for f in kernels.FIXES]
 TOL = {torch.bfloat16: {"fa2": 6e-3, "paper": 1.2e-2}, torch.float16: {"fa2": 8e-4, "paper": 1.5e-3}}
-
-
-@pytest.fixture
-def seed():
-    s = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-    torch.manual_seed(s)
-    print(f"seed={s}")
-    return s
 
 
 @pytest.fixture(autouse=True)
@@ -43,22 +32,6 @@ def fixed_config_and_poison(monkeypatch):
     monkeypatch.setattr(triton_flash, "POISON_OUTPUTS", True)
     monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
     return triton_flash
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def fp64_out_and_grads(q, k, v, d_out, causal):
-    qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
-    rep = qq.shape[1] // kk.shape[1]
-    s = (qq @ kk.repeat_interleave(rep, 1).transpose(-1, -2)) / math.sqrt(qq.shape[-1])
-    if causal:
-        t = qq.shape[2]
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    out = torch.softmax(s, -1) @ vv.repeat_interleave(rep, 1)
-    out.backward(d_out.double())
-    return out.detach(), [qq.grad, kk.grad, vv.grad]
 
 
 CASES = ([(r, f, torch.bfloat16, True, 64) for r, f in MODES]

@@ -5,8 +5,6 @@ Inputs are fresh random draws each run; the seed is printed (shown by pytest on 
 
 from __future__ import annotations
 
-import math
-import os
 
 import pytest
 import torch
@@ -16,50 +14,13 @@ from kernels import reference
 from kernels.bias_probe import run_probe
 from kernels.modes import check_args
 from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
+from tests.attention_common import MODES, fp64_out_and_grads, rel_err
 
-MODES = [(r, f) for r in kernels.ROUNDINGS for f in kernels.FIXES]
-
-
-@pytest.fixture
-def seed():
-    s = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-    torch.manual_seed(s)
-    print(f"seed={s}")
-    return s
 
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
-
-
-def fp64_attention(q, k, v, causal):
-    """Exact softmax attention of the same (LP) inputs, with k/v heads repeated for GQA."""
-    q, k, v = (t.detach().double() for t in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if causal:
-        t = q.shape[2]
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def fp64_grads(q, k, v, d_out, causal):
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    qq, kk, vv = leaves
-    rep = qq.shape[1] // kk.shape[1]
-    s = (qq @ kk.repeat_interleave(rep, 1).transpose(-1, -2)) / math.sqrt(qq.shape[-1])
-    if causal:
-        t = qq.shape[2]
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    out = torch.softmax(s, -1) @ vv.repeat_interleave(rep, 1)
-    out.backward(d_out.double())
-    return out.detach(), [x.grad for x in leaves]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -117,7 +78,7 @@ def test_reference_matches_fp64(rounding, fix, causal, dtype, seed):
     d_out = torch.randn(2, 4, seq, 64).to(dtype)
     out = kernels.reference_attention(q, k, v, causal, rounding, fix)
     out.backward(d_out)
-    ref_out, ref_grads = fp64_grads(q, k, v, d_out, causal)
+    ref_out, ref_grads = fp64_out_and_grads(q, k, v, d_out, causal)
     tol = TOL[dtype][rounding]
     msg = f"seed={seed} seq={seq}"
     assert out.dtype == dtype
@@ -137,7 +98,7 @@ def test_reference_head_dims_and_gqa(head_dim, seed):
             t.grad = None
         out = kernels.reference_attention(q, k, v, True, rounding, fix)
         out.backward(d_out)
-        ref_out, ref_grads = fp64_grads(q, k, v, d_out, True)
+        ref_out, ref_grads = fp64_out_and_grads(q, k, v, d_out, True)
         assert k.grad.shape == k.shape
         assert rel_err(out, ref_out) < 1.2e-2, f"seed={seed}"
         for t, g in zip((q, k, v), ref_grads):
@@ -169,7 +130,7 @@ def test_saved_output_is_what_delta_uses(rounding, seed):
     assert torch.equal(kernels.saved_output(q, k, v, rounding=rounding), out)
     o32 = kernels.saved_output(q, k, v, rounding=rounding, fix="fp32_output")
     assert o32.dtype == torch.float32
-    exact = fp64_attention(q, k, v, True)
+    exact = fp64_out_and_grads(q, k, v, None, True)[0]
     assert rel_err(o32, exact) < rel_err(out, exact), "the fp32 O must be closer to exact than the bf16 O"
     with pytest.raises(ValueError, match="backend"):
         kernels.saved_output(q, k, v, backend="cuda")

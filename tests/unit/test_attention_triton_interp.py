@@ -9,7 +9,6 @@ kernels (a GPU session running everything), this module skips: run tests/gpu on 
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 import kernels
 from kernels import reference
+from tests.attention_common import MODES, fp64_out_and_grads, rel_err
 
 _PREVIOUS = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -42,16 +42,7 @@ def interpreter_env():
     else:
         os.environ["TRITON_INTERPRET"] = previous
 
-MODES = [(r, f) for r in kernels.ROUNDINGS for f in kernels.FIXES]
 BLOCK_N = triton_flash.FIXED_FWD["BLOCK_N"]
-
-
-@pytest.fixture
-def seed():
-    s = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-    torch.manual_seed(s)
-    print(f"seed={s}")
-    return s
 
 
 @pytest.fixture(autouse=True)
@@ -60,26 +51,10 @@ def poison(monkeypatch):
     monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
 
 
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def assert_matches_reference(out, ref, msg=""):
     """Nearly all elements bit-identical, the rest within a few LP ulps (see test_kernel_matches_reference...)."""
     assert (out != ref).float().mean() < 0.02, f"{msg}: O differs from the reference in too many elements"
     assert rel_err(out, ref) < torch.finfo(out.dtype).eps / 4, f"{msg}: O differs from the reference"
-
-
-def fp64_out_and_grads(q, k, v, d_out, causal):
-    qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
-    rep = qq.shape[1] // kk.shape[1]
-    s = (qq @ kk.repeat_interleave(rep, 1).transpose(-1, -2)) / math.sqrt(qq.shape[-1])
-    if causal:
-        t = qq.shape[2]
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    out = torch.softmax(s, -1) @ vv.repeat_interleave(rep, 1)
-    out.backward(d_out.double())
-    return out.detach(), [qq.grad, kk.grad, vv.grad]
 
 
 def run_both(q, k, v, d_out, causal, rounding, fix):
