@@ -449,9 +449,8 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append("run.log_interval must be positive")
     problems += _choice(r.device, ("auto", "cuda", "cpu"), "run.device")
     problems += _choice(config.guard.action, ("stop", "skip"), "guard.action")
-    for name in ("interval",):
-        if getattr(config.eval, name) < 0 or getattr(config.checkpoint, name) < 0:
-            problems.append("eval.interval and checkpoint.interval must be >= 0")
+    if config.eval.interval < 0 or config.checkpoint.interval < 0:
+        problems.append("eval.interval and checkpoint.interval must be >= 0")
     mon = config.monitor
     if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0 \
             or mon.power_tolerance < 0:

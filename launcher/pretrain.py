@@ -313,26 +313,26 @@ def train_arm(config: Config, info: distributed.DistInfo) -> ArmResult:
                     status = "stopped"
                     message = f"stopped at step {step}: {problem}"
                     break
-                continue  # skip: the step's update was dropped
-
-            last_loss = loss_value
-            window_steps += 1
-            if monitors is not None:
-                monitors.after_step(step)
-            if writer is not None and (step % config.run.log_interval == 0 or step == max_steps):
-                elapsed = time.perf_counter() - window_start
-                tok_s = tokens_per_step * window_steps / max(elapsed, 1e-9)
-                mfu = flops_per_token * tok_s / (peak * 1e12 * info.world_size) if peak else float("nan")
-                for name, value in (("train/loss", loss_value), ("train/lr", lr), ("train/grad_norm", grad_norm),
-                                    ("perf/tokens_per_s", tok_s), ("perf/step_time_s", elapsed / window_steps)):
-                    writer.add_scalar(name, value, step)
-                if peak:
-                    writer.add_scalar("perf/mfu", mfu, step)
-                mfu_text = f"{100 * mfu:.1f}%" if peak else "n/a"
-                print(f"{tag} step {step:>6}/{max_steps} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm "
-                      f"{grad_norm:.3f} | {tok_s:,.0f} tok/s | MFU {mfu_text} | {elapsed / window_steps:.3f} s/step",
-                      flush=True)
-                window_start, window_steps = time.perf_counter(), 0
+                # skip: the update was dropped; evaluation, checkpointing and the stop check below still run
+            else:
+                last_loss = loss_value
+                window_steps += 1
+                if monitors is not None:
+                    monitors.after_step(step)
+                if writer is not None and (step % config.run.log_interval == 0 or step == max_steps):
+                    elapsed = time.perf_counter() - window_start
+                    tok_s = tokens_per_step * window_steps / max(elapsed, 1e-9)
+                    mfu = flops_per_token * tok_s / (peak * 1e12 * info.world_size) if peak else float("nan")
+                    for name, value in (("train/loss", loss_value), ("train/lr", lr), ("train/grad_norm", grad_norm),
+                                        ("perf/tokens_per_s", tok_s), ("perf/step_time_s", elapsed / window_steps)):
+                        writer.add_scalar(name, value, step)
+                    if peak:
+                        writer.add_scalar("perf/mfu", mfu, step)
+                    mfu_text = f"{100 * mfu:.1f}%" if peak else "n/a"
+                    print(f"{tag} step {step:>6}/{max_steps} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm "
+                          f"{grad_norm:.3f} | {tok_s:,.0f} tok/s | MFU {mfu_text} | "
+                          f"{elapsed / window_steps:.3f} s/step", flush=True)
+                    window_start, window_steps = time.perf_counter(), 0
             if config.eval.interval and (step % config.eval.interval == 0 or step == max_steps):
                 val = evaluate(model, data, config, info, autocast)
                 if writer is not None:
