@@ -22,29 +22,39 @@ BACKENDS = ("reference", "triton")
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3) -> torch.Tensor:
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *, head_offset: int = 0,
+                    total_heads: int = 0) -> torch.Tensor:
     """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
 
     q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
     (grouped-query attention). Returns O in the input dtype. ``rounding``: fa2 | paper; ``fix``: none |
     dynamic_max (safe, default fix) | dynamic_max_published (the paper's rule, can underflow to NaN) |
     fp32_output (delta from an FP32 O). ``beta`` and ``eps`` parametrise the published rule.
+
+    ``head_offset``, ``total_heads`` (tensor parallelism): q's head h is the model's head ``head_offset + h`` of
+    ``total_heads`` (0 means q.shape[1], no sharding). Head-dependent numerics (the safe fix's per-row shift) use
+    this global index, so the result does not depend on how the heads are split over ranks.
     """
     from kernels import triton_flash
 
-    return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps)
+    return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, head_offset=head_offset,
+                                        total_heads=total_heads)
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",
-                 fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference") -> torch.Tensor:
+                 fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference",
+                 head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
     """The O tensor that the backward uses for delta = rowsum(dO * O) in this mode (forward only, no graph).
 
     LP O (input dtype; bf16 for FP32 inputs on the reference backend), or the FP32 O for fix=fp32_output.
+    ``head_offset`` and ``total_heads`` give q's heads their global index, as in ``flash_attention``.
     """
     if backend == "reference":
-        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps)
+        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps, head_offset=head_offset,
+                                      total_heads=total_heads)
     if backend == "triton":
         from kernels import triton_flash
 
-        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps)
+        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, head_offset=head_offset,
+                                         total_heads=total_heads)
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")

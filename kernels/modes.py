@@ -70,9 +70,35 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
     )
 
 
+def check_heads(heads: int, head_offset: int = 0, total_heads: int = 0) -> int:
+    """Validate the global head numbering of a call that sees ``heads`` query heads; return the model's head count.
+
+    The call's head h is the model's head ``head_offset + h`` of ``total_heads`` (0: ``heads``, i.e. not sharded).
+    Head-dependent numerics (the safe dynamic_max shift) use the global index ``b * total_heads + head_offset + h``,
+    so that a tensor-parallel rank holding a slice of the heads computes the same bits as one unsharded call.
+    """
+    for name, value in (("head_offset", head_offset), ("total_heads", total_heads)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r} must be an int")
+    if head_offset < 0:
+        raise ValueError(f"head_offset={head_offset} must be >= 0 (the model index of this call's first q head)")
+    if total_heads < 0:
+        raise ValueError(f"total_heads={total_heads} must be >= 0 (the model's q heads; 0 means q.shape[1])")
+    if total_heads == 0:
+        if head_offset != 0:
+            raise ValueError(f"head_offset={head_offset} needs total_heads (the model's number of q heads); "
+                             "pass total_heads, or head_offset=0 for an unsharded call")
+        return heads
+    if head_offset + heads > total_heads:
+        raise ValueError(f"head_offset={head_offset} + {heads} q heads exceeds total_heads={total_heads}: the local "
+                         "heads must be a slice of the model's heads (lower head_offset or raise total_heads)")
+    return total_heads
+
+
 def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str, fix: str, beta: float, eps: float,
-               allowed_dtypes: tuple[torch.dtype, ...]) -> Numerics:
-    """Validate shapes, dtypes and mode names; return the FP32 scalars of the mode. Errors say what to change."""
+               allowed_dtypes: tuple[torch.dtype, ...], head_offset: int = 0, total_heads: int = 0) -> Numerics:
+    """Validate shapes, dtypes, mode names and the global head numbering (``check_heads``); return the FP32
+    scalars of the mode. Errors say what to change."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
     if fix not in FIXES:
@@ -98,4 +124,5 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
         raise ValueError(f"beta={beta} must be > 1 (the published rule shifts a repeated maximum to beta x max)")
     if not (eps >= 0.0):
         raise ValueError(f"eps={eps} must be >= 0")
+    check_heads(h, head_offset, total_heads)
     return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.modes import FIX_PUBLISHED, FIX_SAFE, Numerics, check_args
+from kernels.modes import FIX_PUBLISHED, FIX_SAFE, Numerics, check_args, check_heads
 from kernels.rounding import LN2, LOG2E, round_lp, safe_shift
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -32,6 +32,8 @@ POISON_OUTPUTS = False  # tests set this: gradient buffers filled tile by tile s
 def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor, nm: Numerics,
               lp: torch.dtype) -> torch.Tensor:
     """The maximum m that a score tile ``s`` (..., rows, cols) contributes to the online softmax, per row.
+
+    ``rows``: global query indices; ``bh``: global (batch, head) indices b * total_heads + head_offset + h.
 
     none / fp32_output: the row maximum r_m. dynamic_max_published (the paper's rule): with r_s = #{S : r_m - S <=
     eps}, m = beta*r_m if r_s > 1 and r_m > 0, m = 0 if r_s > 1 and r_m < 0, else r_m. dynamic_max (safe): m = r_m +
@@ -58,8 +60,11 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 @torch.no_grad()
 def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, nm: Numerics, block_n: int,
-                 kv_len: int | None = None):
+                 kv_len: int | None = None, *, head_offset: int = 0, total_heads: int = 0):
     """Tiled forward on LP tensors (k, v already expanded to q's heads).
+
+    q's head h is the model's head ``head_offset + h`` of ``total_heads`` (0: q.shape[1]); the safe fix's hash uses
+    that global index, so a slice of the heads gives the same bits as the whole (tensor parallelism).
 
     Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output only) is the
     normalised output without its final rounding; for rounding=paper it is a shadow FP32 accumulation of the same
@@ -72,7 +77,9 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     qf, kf, vf = q.float(), k.float(), v.float()
     dev = q.device
     rows = torch.arange(seq, device=dev).view(1, 1, seq)
-    bh = torch.arange(bsz * heads, device=dev).view(bsz, heads, 1)
+    total = check_heads(heads, head_offset, total_heads)
+    bh = (torch.arange(bsz, device=dev).view(bsz, 1, 1) * total + head_offset
+          + torch.arange(heads, device=dev).view(1, heads, 1))  # global index: hashed only, never used to address
     acc = torch.zeros(bsz, heads, seq, dim, device=dev)
     l_i = torch.zeros(bsz, heads, seq, device=dev)
     m_i = torch.full((bsz, heads, seq), float("-inf"), device=dev)
@@ -165,9 +172,9 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     return dq * nm.sm_scale, dk * nm.sm_scale, dv
 
 
-def _prepare(q, k, v, rounding, fix, beta, eps):
+def _prepare(q, k, v, rounding, fix, beta, eps, head_offset=0, total_heads=0):
     """Check arguments; FP32 inputs are rounded to bf16 (emulating BF16 autocast). Returns (q, k, v, Numerics)."""
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES)
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES, head_offset, total_heads)
     if q.dtype == torch.float32:
         q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     return q, k, v, nm
@@ -188,12 +195,13 @@ class _ReferenceAttention(torch.autograd.Function):
     """Autograd wrapper: the forward saves LSE and the O that delta uses; the backward is the flash backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n):
+    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset=0, total_heads=0):
         in_dtype = q.dtype
         heads = q.shape[1]
-        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps)
+        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
         with _no_autocast(q):
-            out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
+            out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
+                                         head_offset=head_offset, total_heads=total_heads)
         ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse)
         ctx.args = (causal, nm, block_n, in_dtype)
         return out.to(in_dtype)
@@ -210,28 +218,32 @@ class _ReferenceAttention(torch.autograd.Function):
             bsz, _, seq, dim = dk.shape
             dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
             dv = dv.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
-        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), None, None, None, None, None, None
+        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), None, None, None, None, None, None, None, None
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                         rounding: str = "fa2", fix: str = "none", beta: float = 2.0, eps: float = 1e-3,
-                        block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+                        block_m: int = 64, block_n: int = 64, *, head_offset: int = 0,
+                        total_heads: int = 0) -> torch.Tensor:
     """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable.
 
     q, k, v: (batch, heads, seq, head_dim) in bf16, fp16 or fp32; k/v may have fewer heads (grouped-query).
     FP32 inputs are first rounded to bf16 (what BF16 autocast feeds attention) and O comes back in FP32 (its values
     are bf16-representable); this is the path the model trains with on CPU. ``block_n`` must equal the kernel's key
     tile for bit-level comparisons; ``block_m`` is accepted for symmetry with the kernel and changes no bit.
+    ``head_offset``, ``total_heads``: q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]),
+    for tensor parallelism; the safe fix hashes the global index, so a head slice matches the whole call bit for bit.
     """
     _check_blocks(block_m, block_n)
-    return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n)
+    return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads)
 
 
 def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3,
-                           block_n: int = 64) -> torch.Tensor:
+                           block_n: int = 64, *, head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
     """The O that the reference backward uses for delta (LP O, or the FP32 O for fix=fp32_output)."""
     heads = q.shape[1]
-    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps)
+    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
     with _no_autocast(q):
-        out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n)
+        out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
+                                   head_offset=head_offset, total_heads=total_heads)
     return out if o32 is None else o32

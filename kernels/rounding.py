@@ -7,8 +7,9 @@ kernel does it under the Triton interpreter, whose own fp32 -> bf16 cast truncat
 it is RNE in PyTorch, in numpy (the interpreter) and on the GPU.
 
 This module also holds the per-row shift of the safe ``dynamic_max`` fix (``safe_shift``): a pure function of the
-row index, the (batch * heads) index and the bits of the tile's row maximum, computed with integer arithmetic so
-that kernel and reference agree bit for bit.
+row index, the global (batch, head) index b * total_heads + head_offset + h (the model's head numbering, so that a
+tensor-parallel slice of the heads hashes like the unsharded call) and the bits of the tile's row maximum, computed
+with integer arithmetic so that kernel and reference agree bit for bit.
 """
 
 from __future__ import annotations
@@ -74,10 +75,11 @@ def _mix32(key: torch.Tensor) -> torch.Tensor:
 def safe_shift(row_max: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor) -> torch.Tensor:
     """Shift delta of the safe ``dynamic_max`` fix for each row of a score tile.
 
-    ``row_max``: FP32 row maxima of the tile (any shape); ``rows``: global query indices and ``bh``: batch * heads
-    indices, both broadcastable to ``row_max``. Returns FP32 delta in [SHIFT_LO, SHIFT_LO + 0.5), a pseudo-random
-    function of (bh, row, bf16 bits of the row maximum): it varies from row to row and step to step, so the
-    rounding of the shifted P_bar does not lean the same way in every row (a single fixed offset would).
+    ``row_max``: FP32 row maxima of the tile (any shape); ``rows``: global query indices and ``bh``: global
+    (batch, head) indices b * total_heads + head_offset + h, both broadcastable to ``row_max``. Returns FP32 delta
+    in [SHIFT_LO, SHIFT_LO + 0.5), a pseudo-random function of (bh, row, bf16 bits of the row maximum): it varies
+    from row to row and step to step, so the rounding of the shifted P_bar does not lean the same way in every row
+    (a single fixed offset would).
     """
     rm = torch.where(row_max == 0, torch.zeros_like(row_max), row_max)  # -0.0 and 0.0 hash alike
     rbits = ((rne_bf16(rm).view(torch.int32) >> 16) & 0xFFFF).to(torch.int64)

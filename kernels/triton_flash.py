@@ -98,6 +98,8 @@ def _mma(a, b, acc, EXPLICIT: tl.constexpr):
 def _safe_shift(r_m, rows, bh):
     """Shift of the safe dynamic_max fix: delta in [2^-6, 2^-6 + 0.5), hashed from (bh, row, bf16 bits of r_m).
 
+    ``bh`` is the global (batch, head) index b * total_heads + head_offset + h, not the launch's program index.
+
     uint32 arithmetic wraps modulo 2^32, matching ``kernels.rounding.safe_shift`` (int64 masked to 32 bits).
     """
     rm = tl.where(r_m == 0.0, 0.0, r_m)
@@ -136,11 +138,13 @@ def _tile_max(s, r_m, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.constexpr,
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh, T, lo, hi,
+def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, lo, hi,
                score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
                EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
-    """Online softmax over key tiles [lo, hi): MASKED adds the causal and ragged-tail masks."""
+    """Online softmax over key tiles [lo, hi): MASKED adds the causal and ragged-tail masks.
+
+    ``bh_hash``: the global (batch, head) index that the safe fix hashes (never used to address memory)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -159,7 +163,7 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
                 valid = valid & (offs_m[:, None] >= cols[None, :])
             s = tl.where(valid, s, float("-inf"))
         r_m = tl.max(s, 1)
-        m_new = tl.maximum(m_i, _tile_max(s, r_m, offs_m, bh, beta, eps_cmp, shift_scale, PAPER, FIX, IS_BF16,
+        m_new = tl.maximum(m_i, _tile_max(s, r_m, offs_m, bh_hash, beta, eps_cmp, shift_scale, PAPER, FIX, IS_BF16,
                                           EXPLICIT))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if MASKED:
@@ -189,16 +193,19 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
-                stride_vh, stride_vt, H, GROUP, T, score_scale, exp_scale, shift_scale, beta, eps_cmp,
-                HEAD_DIM: tl.constexpr,
+                stride_vh, stride_vt, H, GROUP, T, head_offset, total_heads, score_scale, exp_scale, shift_scale,
+                beta, eps_cmp, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                 FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     LP: tl.constexpr = O.dtype.element_ty
     SHADOW: tl.constexpr = PAPER and FIX == 3
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest causal tiles first
-    bh = tl.program_id(1)
+    bh = tl.program_id(1)  # local (batch, head) index: addresses this call's tensors
     b = bh // H
     h = bh % H
+    # Global (batch, head) index of the model (head_offset, total_heads: runtime ints, so a tensor-parallel rank's
+    # slice of the heads hashes like the same heads of an unsharded call); only the safe fix's hash uses it.
+    bh_hash = b * total_heads + head_offset + h
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < T
@@ -223,11 +230,11 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
         full_hi = (T // BLOCK_N) * BLOCK_N
         hi = T
     acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                           offs_d, bh, T, 0, full_hi, score_scale, exp_scale, shift_scale, beta, eps_cmp,
-                                           LP, BLOCK_N, False,
+                                           offs_d, bh_hash, T, 0, full_hi, score_scale, exp_scale, shift_scale, beta,
+                                           eps_cmp, LP, BLOCK_N, False,
                                            CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
     acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                           offs_d, bh, T, full_hi, hi, score_scale, exp_scale, shift_scale, beta,
+                                           offs_d, bh_hash, T, full_hi, hi, score_scale, exp_scale, shift_scale, beta,
                                            eps_cmp, LP, BLOCK_N, True,
                                            CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
     if FIX == 2:
@@ -564,13 +571,15 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _numerics(q, k, v, rounding, fix, beta, eps) -> Numerics:
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES)
+def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0) -> Numerics:
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads)
     _check_device(q, k, v)
     return nm
 
 
-def _forward(q, k, v, causal: bool, nm: Numerics):
+def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0):
+    """Forward launch; q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]), checked by
+    ``_numerics``."""
     global _last_fwd_block_n
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     bsz, heads, seq, dim = q.shape
@@ -581,7 +590,8 @@ def _forward(q, k, v, causal: bool, nm: Numerics):
     o32 = _new((bsz, heads, seq, dim) if nm.keeps_fp32_output else (0,), torch.float32, dev)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     args = (q, k, v, out, o32, lse, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], heads, group, seq,
-            nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
+            int(head_offset), int(total_heads or heads), nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta,
+            nm.eps_cmp)
     is_bf16 = q.dtype == torch.bfloat16
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, FIX=nm.fix, IS_BF16=is_bf16, EXPLICIT=INTERPRET)
     rows = bsz * heads
@@ -628,14 +638,15 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
 
 @torch.library.custom_op("sla_attention::flash_fwd", mutates_args=())
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
-              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              eps: float, head_offset: int = 0,
+              total_heads: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output else an empty tensor)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps)
-    return _forward(q, k, v, causal, nm)
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+    return _forward(q, k, v, causal, nm, head_offset, total_heads)
 
 
 @flash_fwd.register_fake
-def _(q, k, v, causal, rounding, fix, beta, eps):
+def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0):
     bsz, heads, seq, dim = q.shape
     out = q.new_empty((bsz, heads, seq, dim))
     lse = q.new_empty((bsz, heads, seq), dtype=torch.float32)
@@ -645,29 +656,32 @@ def _(q, k, v, causal, rounding, fix, beta, eps):
 
 @torch.library.custom_op("sla_attention::flash_bwd", mutates_args=())
 def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor,
-              lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
-              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps)
+              lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float, eps: float,
+              head_offset: int = 0, total_heads: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses.
+
+    head_offset / total_heads are checked like the forward's; the backward itself does not depend on them (P is
+    recomputed from the saved LSE, which already reflects the forward's global-index shift)."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
     return _backward(d_out, q, k, v, o_saved, lse, causal, nm)
 
 
 @flash_bwd.register_fake
-def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps):
+def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, rounding, fix, beta, eps = inputs
+    q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads = inputs
     out, lse, o32 = output
     ctx.save_for_backward(q, k, v, o32 if fix == "fp32_output" else out, lse)
-    ctx.args = (causal, rounding, fix, beta, eps)
+    ctx.args = (causal, rounding, fix, beta, eps, head_offset, total_heads)
 
 
 def _backward_rule(ctx, d_out, _d_lse, _d_o32):
     q, k, v, o_saved, lse = ctx.saved_tensors
     dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -677,8 +691,8 @@ class _FlashAttention(torch.autograd.Function):
     """Eager-mode autograd of the kernel: the same launches as the custom ops, without their dispatch overhead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, nm: Numerics):
-        out, lse, o32 = _forward(q, k, v, causal, nm)
+    def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int):
+        out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads)
         ctx.save_for_backward(q, k, v, o32 if nm.keeps_fp32_output else out, lse)
         ctx.causal = causal
         ctx.nm = nm
@@ -688,11 +702,12 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, o_saved, lse = ctx.saved_tensors
         dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3) -> torch.Tensor:
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *, head_offset: int = 0,
+                    total_heads: int = 0) -> torch.Tensor:
     """Triton flash attention; see ``kernels.flash_attention``.
 
     Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under
@@ -700,14 +715,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     same launches, so their results are identical.
     """
     if torch.compiler.is_compiling():
-        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps)[0]
-    nm = _numerics(q, k, v, rounding, fix, beta, eps)
-    return _FlashAttention.apply(q, k, v, bool(causal), nm)
+        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads)[0]
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads)
 
 
-def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3) -> torch.Tensor:
+def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *, head_offset: int = 0,
+                 total_heads: int = 0) -> torch.Tensor:
     """The O that this kernel's backward uses for delta (forward only, no autograd graph)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps)
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
     with torch.no_grad():
-        out, _, o32 = _forward(q, k, v, causal, nm)
+        out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads)
     return o32 if nm.keeps_fp32_output else out

@@ -57,8 +57,16 @@ def resolve_backend(config: AttentionConfig, device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "reference"
 
 
-def build_attention(config: AttentionConfig, device: torch.device) -> AttentionFn:
-    """Return the attention callable the model will use, bound to the config's numerics."""
+def build_attention(config: AttentionConfig, device: torch.device, head_offset: int = 0,
+                    total_heads: int = 0) -> AttentionFn:
+    """Return the attention callable the model will use, bound to the config's numerics.
+
+    ``head_offset`` and ``total_heads`` are for tensor parallelism: the callable's q head h is the model's head
+    ``head_offset + h`` of ``total_heads`` (0: as many as q has, i.e. not sharded). The Triton and reference
+    backends use this global head index in their head-dependent numerics (the dynamic_max fix's per-row shift), so
+    the result does not change with the tensor-parallel degree; the values are checked at the first call. The sdpa
+    backend has no head-dependent numerics and ignores them.
+    """
     backend = resolve_backend(config, device)
     if backend == "sdpa":
         return sdpa_attention
@@ -66,5 +74,6 @@ def build_attention(config: AttentionConfig, device: torch.device) -> AttentionF
 
     fn = kernels.flash_attention if backend == "triton" else kernels.reference_attention
     return functools.partial(
-        fn, causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps
+        fn, causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
+        head_offset=head_offset, total_heads=total_heads,
     )

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu,
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.bias_probe import run_probe  # noqa: E402
-from tests.attention_common import MODES, fp64_out_and_grads, rel_err  # noqa: E402
+from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads,  # noqa: E402
+                                    head_slices, rel_err, tied_maxima_inputs)
 
 TOL = {torch.bfloat16: {"fa2": 6e-3, "paper": 1.2e-2}, torch.float16: {"fa2": 8e-4, "paper": 1.5e-3}}
 
@@ -83,6 +84,23 @@ def test_paper_rounding_bit_for_bit_where_sums_are_exact(fix, seed):
     assert torch.equal(out, ref), f"seed={seed} seq={seq}"
 
 
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_head_slices_with_global_index_match_the_whole_call(rounding, parts, seed):
+    """Tensor parallelism: head slices with head_offset / total_heads give the bits of one call on all heads (O, dq,
+    dk, dv; GQA groups of 2 stay whole), the last slice without its offset differs, and the slice's shifts are the
+    reference's (same global index)."""
+    seq = int(torch.randint(200, 400, (1,)))
+    q, k, v, d_out = (t.cuda() for t in tied_maxima_inputs(2, 8, 4, seq))
+    msg = f"seed={seed} seq={seq} parts={parts}"
+    kw = dict(causal=True, rounding=rounding, fix="dynamic_max")
+    slices = assert_head_slices_match_whole(kernels.flash_attention, q, k, v, d_out, parts=parts, msg=msg, **kw)
+    sq, sk, sv, _, offset = head_slices(q, k, v, d_out, parts)[-1]
+    ref = kernels.reference_attention(sq, sk, sv, **kw, block_n=64, head_offset=offset, total_heads=8)
+    assert (slices[-1] != ref).float().mean() < 0.05, f"{msg}: too many elements differ from the reference"
+    assert rel_err(slices[-1], ref) < torch.finfo(q.dtype).eps / 2, msg
+
+
 def tied_inputs(logit: float, ties: int, seq: int = 300, dim: int = 64):
     q = torch.zeros(1, 1, seq, dim)
     k = torch.zeros(1, 1, seq, dim)
@@ -117,11 +135,13 @@ def test_bias_probe_on_gpu(seed):
     assert all(r["nan_rows"] == 0 for r in res.values())
 
 
-def test_torch_compile_inductor(seed):
+@pytest.mark.parametrize("head_offset,total_heads", [(0, 0), (4, 12)], ids=["unsharded", "heads-4-7-of-12"])
+def test_torch_compile_inductor(seed, head_offset, total_heads):
     q, k, v = (torch.randn(2, 4, 256, 64, device="cuda").bfloat16().requires_grad_() for _ in range(3))
 
     def step(q, k, v):
-        return kernels.flash_attention(q * 1.0, k, v, True, "paper", "dynamic_max").float().square().mean()
+        return kernels.flash_attention(q * 1.0, k, v, True, "paper", "dynamic_max", head_offset=head_offset,
+                                       total_heads=total_heads).float().square().mean()
 
     loss = torch.compile(step, fullgraph=True)(q, k, v)
     loss.backward()

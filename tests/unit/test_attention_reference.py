@@ -14,7 +14,8 @@ from kernels import reference
 from kernels.bias_probe import run_probe
 from kernels.modes import check_args
 from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
-from tests.attention_common import MODES, fp64_out_and_grads, rel_err
+from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads, rel_err,
+                                    tied_maxima_inputs)
 
 
 
@@ -150,6 +151,80 @@ def test_bad_arguments_give_clear_errors():
         kernels.reference_attention(q, q, q, block_n=48)
     with pytest.raises(TypeError, match="dtype"):
         kernels.reference_attention(q.double(), q.double(), q.double())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Global head index (tensor parallelism: each rank sees a slice of the heads)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_head_slices_with_global_index_match_the_whole_call(rounding, causal, seed):
+    """dynamic_max hashes the global head index: two head slices (as two tensor-parallel ranks see them) with
+    head_offset / total_heads give the bits of one call on all heads, in O and in dq, dk, dv (GQA: 2 q heads per
+    k/v head, so each slice keeps whole groups); without the offset the last slice differs."""
+    seq = int(torch.randint(65, 200, (1,)))
+    q, k, v, d_out = tied_maxima_inputs(2, 4, 2, seq)
+    assert_head_slices_match_whole(kernels.reference_attention, q, k, v, d_out, msg=f"seed={seed} seq={seq}",
+                                   causal=causal, rounding=rounding, fix="dynamic_max")
+
+
+def test_head_slices_in_four_and_saved_output(seed):
+    """Four one-head slices (tensor-parallel degree 4) and saved_output with the global index."""
+    seq = int(torch.randint(65, 140, (1,)))
+    q, k, v, d_out = tied_maxima_inputs(2, 4, 4, seq)
+    kw = dict(rounding="paper", fix="dynamic_max")
+    slices = assert_head_slices_match_whole(kernels.reference_attention, q, k, v, d_out, parts=4,
+                                            msg=f"seed={seed} seq={seq}", **kw)
+    saved = kernels.saved_output(q[:, 3:], k[:, 3:], v[:, 3:], head_offset=3, total_heads=4, **kw)
+    assert torch.equal(saved, slices[3]), f"seed={seed}"
+    assert torch.equal(kernels.saved_output(q, k, v, **kw)[:, 3:], saved), f"seed={seed}"
+
+
+def test_build_attention_passes_the_global_head_index(seed):
+    from model.attention import AttentionConfig, build_attention
+
+    q, k, v, _ = tied_maxima_inputs(2, 4, 4, 80)
+    config = AttentionConfig(backend="reference", rounding="fa2", fix="dynamic_max")
+    local = build_attention(config, torch.device("cpu"), head_offset=2, total_heads=4)
+    whole = build_attention(config, torch.device("cpu"))
+    assert torch.equal(local(q[:, 2:], k[:, 2:], v[:, 2:]), whole(q, k, v)[:, 2:]), f"seed={seed}"
+    assert not torch.equal(whole(q[:, 2:], k[:, 2:], v[:, 2:]), whole(q, k, v)[:, 2:]), f"seed={seed}"
+    with pytest.raises(ValueError, match="total_heads"):
+        build_attention(config, torch.device("cpu"), head_offset=3, total_heads=4)(q[:, 2:], k[:, 2:], v[:, 2:])
+    sdpa = build_attention(AttentionConfig(backend="sdpa"), torch.device("cpu"), head_offset=2, total_heads=4)
+    assert sdpa(q[:, 2:], k[:, 2:], v[:, 2:]).shape == q[:, 2:].shape  # ignored: no head-dependent numerics
+
+
+def test_defaults_are_the_unsharded_head_index(seed):
+    """head_offset=0, total_heads=0 and total_heads=q heads are the same call (existing callers unchanged)."""
+    q, k, v, _ = tied_maxima_inputs(2, 2, 2, 70)
+    plain = kernels.reference_attention(q, k, v, rounding="paper", fix="dynamic_max")
+    explicit = kernels.reference_attention(q, k, v, rounding="paper", fix="dynamic_max", head_offset=0,
+                                           total_heads=2)
+    assert torch.equal(plain, explicit), f"seed={seed}"
+
+
+def test_bad_head_index_gives_clear_errors():
+    q = torch.randn(1, 2, 8, 64).bfloat16()
+    with pytest.raises(ValueError, match="head_offset=-1 must be >= 0"):
+        kernels.reference_attention(q, q, q, head_offset=-1, total_heads=4)
+    with pytest.raises(ValueError, match="total_heads=-4 must be >= 0"):
+        kernels.reference_attention(q, q, q, total_heads=-4)
+    with pytest.raises(ValueError, match="exceeds total_heads=4"):
+        kernels.reference_attention(q, q, q, head_offset=3, total_heads=4)
+    with pytest.raises(ValueError, match="exceeds total_heads=1"):
+        kernels.reference_attention(q, q, q, total_heads=1)
+    with pytest.raises(ValueError, match="needs total_heads"):
+        kernels.reference_attention(q, q, q, head_offset=2)
+    with pytest.raises(TypeError, match="must be an int"):
+        kernels.reference_attention(q, q, q, head_offset=1.0, total_heads=4)
+    with pytest.raises(ValueError, match="head_offset"):
+        kernels.saved_output(q, q, q, head_offset=-1, total_heads=4)
+    nm = check_args(q, q, q, "fa2", "dynamic_max", 2.0, 1e-3, (torch.bfloat16,))
+    with pytest.raises(ValueError, match="exceeds total_heads"):
+        reference.forward_core(q, q, q, True, nm, 64, head_offset=1, total_heads=2)
 
 
 # --------------------------------------------------------------------------------------------------------------

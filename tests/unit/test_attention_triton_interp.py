@@ -16,7 +16,8 @@ import torch
 
 import kernels
 from kernels import reference
-from tests.attention_common import MODES, fp64_out_and_grads, rel_err
+from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads, head_slices,
+                                    rel_err, tied_maxima_inputs)
 
 _PREVIOUS = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -199,6 +200,21 @@ def test_head_dims_and_gqa(head_dim, seed):
             assert rel_err(g, rg) < 2e-3, f"seed={seed}"
 
 
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_head_slices_with_global_index_match_the_whole_call(rounding, seed):
+    """The kernel hashes the global head index (b * total_heads + head_offset + h): two head slices, as two
+    tensor-parallel ranks see them, give the bits of one call on all heads in O, dq, dk, dv (GQA groups of 2); the
+    last slice without its offset differs; and the slice's shifts are the reference's (same global index)."""
+    seq = int(torch.randint(65, 100, (1,)))
+    q, k, v, d_out = tied_maxima_inputs(2, 4, 2, seq, dim=16)
+    msg = f"seed={seed} seq={seq}"
+    kw = dict(causal=True, rounding=rounding, fix="dynamic_max")
+    slices = assert_head_slices_match_whole(kernels.flash_attention, q, k, v, d_out, msg=msg, **kw)
+    sq, sk, sv, _, offset = head_slices(q, k, v, d_out, 2)[-1]
+    ref = kernels.reference_attention(sq, sk, sv, **kw, block_n=BLOCK_N, head_offset=offset, total_heads=4)
+    assert_matches_reference(slices[-1], ref, msg)
+
+
 def test_non_contiguous_inputs(seed):
     """(batch, seq, heads, dim) storage seen through a transpose, as a model produces it."""
     base = [torch.randn(1, 70, 2, 64).bfloat16() for _ in range(3)]
@@ -238,11 +254,18 @@ def test_published_rule_failure_reproduced(rounding):
     assert torch.isnan(out).all(), "beta 7 fails from a repeated logit of ~15"
 
 
-def test_torch_compile_sees_a_custom_op(seed):
-    q, k, v = (torch.randn(1, 2, 64, 64).bfloat16().requires_grad_() for _ in range(3))
+@pytest.mark.parametrize("head_offset,total_heads", [(0, 0), (1, 3)], ids=["unsharded", "heads-1-2-of-3"])
+def test_torch_compile_sees_a_custom_op(seed, head_offset, total_heads):
+    """Compiled (custom op, fake kernels, register_autograd) and eager calls agree; with a global head index on
+    tied inputs, so an offset lost on the compiled path would change the gradients."""
+    if total_heads:
+        q, k, v = (t.requires_grad_() for t in tied_maxima_inputs(1, 2, 2, 64)[:3])
+    else:
+        q, k, v = (torch.randn(1, 2, 64, 64).bfloat16().requires_grad_() for _ in range(3))
 
     def step(q, k, v):
-        return kernels.flash_attention(q, k, v, True, "paper", "dynamic_max").float().square().sum()
+        return kernels.flash_attention(q, k, v, True, "paper", "dynamic_max", head_offset=head_offset,
+                                       total_heads=total_heads).float().square().sum()
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     loss = compiled(q, k, v)
@@ -260,15 +283,26 @@ def test_clear_errors():
         kernels.flash_attention(q.float(), q.float(), q.float())
     with pytest.raises(ValueError, match="fix"):
         kernels.flash_attention(q, q, q, fix="dynamic")
+    with pytest.raises(ValueError, match="exceeds total_heads=3"):
+        kernels.flash_attention(q, q, q, head_offset=2, total_heads=3)
+    with pytest.raises(ValueError, match="head_offset=-1 must be >= 0"):
+        kernels.saved_output(q, q, q, head_offset=-1, total_heads=3, backend="triton")
+    with pytest.raises(ValueError, match="total_heads=-1 must be >= 0"):
+        triton_flash.flash_fwd(q, q, q, True, "fa2", "none", 2.0, 1e-3, 0, -1)
 
 
-@pytest.mark.parametrize("rounding,fix", [("fa2", "none"), ("paper", "fp32_output")])
-def test_eager_path_equals_custom_op(seed, rounding, fix):
-    """Eager calls bypass the custom ops (host overhead); both must run the same launches with the same saved O."""
+@pytest.mark.parametrize("rounding,fix,head_offset,total_heads",
+                         [("fa2", "none", 0, 0), ("paper", "fp32_output", 0, 0), ("fa2", "dynamic_max", 1, 4)])
+def test_eager_path_equals_custom_op(seed, rounding, fix, head_offset, total_heads):
+    """Eager calls bypass the custom ops (host overhead); both must run the same launches with the same saved O
+    (and the same global head index)."""
     q, k, v, d_out = (torch.randn(1, 2, 80, 32).bfloat16() for _ in range(4))
+    if fix == "dynamic_max":
+        q, k, v, d_out = tied_maxima_inputs(1, 2, 2, 80, dim=32)
+    heads = dict(head_offset=head_offset, total_heads=total_heads)
     results = []
-    for call in (lambda a, b, c: kernels.flash_attention(a, b, c, True, rounding, fix),
-                 lambda a, b, c: triton_flash.flash_fwd(a, b, c, True, rounding, fix, 2.0, 1e-3)[0]):
+    for call in (lambda a, b, c: kernels.flash_attention(a, b, c, True, rounding, fix, **heads),
+                 lambda a, b, c: triton_flash.flash_fwd(a, b, c, True, rounding, fix, 2.0, 1e-3, **heads)[0]):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         out = call(qq, kk, vv)
         out.backward(d_out)
