@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from launcher.config import ConfigError, arm_names, build_config, load_recipe
-from launcher.pretrain import autocast_factory, build_optimizer
+from launcher.parallel.engine import build_optimizer
+from launcher.trainer import autocast_factory
 from model import GPT, build_attention, resolve_backend
 
 
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     torch.manual_seed(config.run.seed)
     backend = resolve_backend(config.attention, device)
     model = GPT(config.model, build_attention(config.attention, device)).to(device)
-    optimizer = build_optimizer(model, config.optim, device)
+    optimizer = build_optimizer(model, config, device)
     autocast = autocast_factory(config, device)
     seq, micro = config.data.seq_len, config.data.micro_batch_size
     accum = config.data.global_batch_size // micro

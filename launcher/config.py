@@ -47,14 +47,19 @@ class PrecisionConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the model is laid out over processes; data parallelism takes the processes that remain."""
+    """How the model is laid out over processes; data parallelism takes the processes that remain
+    (processes = data x tensor x pipeline parallel)."""
 
     tensor_parallel: int = 1
-    """Tensor-parallel group size (Megatron-style column/row splits of attention and FFN). Only 1 is implemented."""
+    """Tensor-parallel group size: Megatron-style column/row splits of attention (whole heads per rank) and FFN, and a
+    vocabulary-split embedding and output layer. Must divide model.n_head, the FFN width and the vocabulary."""
     pipeline_parallel: int = 1
-    """Pipeline stages. Only 1 is implemented."""
+    """Pipeline stages. Only 1 is implemented in this version."""
     zero_stage: int = 0
-    """Optimizer-state sharding: 0 (plain DDP). DeepSpeed ZeRO stages are not wired in yet."""
+    """Sharding over data-parallel ranks: 0 = none (PyTorch DDP), 1 = optimizer state, 2 = + gradients,
+    3 = + parameters (DeepSpeed ZeRO). Numerics are the same at every stage: FP32 weights and Adam state."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward instead of storing them (less memory, ~1/3 more compute)."""
 
 
 @dataclass
@@ -417,9 +422,8 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                         f"lower data.seq_len or raise model.max_seq_len")
     if d.seq_len <= 0 or d.micro_batch_size <= 0 or d.global_batch_size <= 0:
         problems.append("data.seq_len, data.micro_batch_size and data.global_batch_size must be positive")
-    elif d.global_batch_size % d.micro_batch_size:
-        problems.append(f"data.global_batch_size={d.global_batch_size} is not a multiple of "
-                        f"data.micro_batch_size={d.micro_batch_size}")
+    elif world_size is None:
+        problems += _batch_problems(config, 1, "")
     problems += _choice(a.backend, BACKENDS, "attention.backend")
     problems += _choice(a.rounding, ROUNDINGS, "attention.rounding")
     problems += _choice(a.fix, FIXES, "attention.fix")
@@ -432,11 +436,20 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append(f"attention.eps={a.eps} must be >= 0")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
     problems += _choice(config.precision.fp8_recipe, ("delayed", "current"), "precision.fp8_recipe")
-    if p.tensor_parallel != 1 or p.pipeline_parallel != 1:
-        problems.append("parallel.tensor_parallel and parallel.pipeline_parallel > 1 are not implemented in this "
-                        "version; set both to 1 (data parallelism uses all processes)")
-    if p.zero_stage != 0:
-        problems.append("parallel.zero_stage > 0 (DeepSpeed ZeRO) is not wired in yet; set parallel.zero_stage=0")
+    if p.pipeline_parallel != 1:
+        problems.append("parallel.pipeline_parallel > 1 is not implemented in this version; set it to 1 (tensor and "
+                        "data parallelism are)")
+    if p.tensor_parallel < 1:
+        problems.append(f"parallel.tensor_parallel={p.tensor_parallel} must be >= 1")
+    if p.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"parallel.zero_stage={p.zero_stage} must be 0 (DDP), 1, 2 or 3 (DeepSpeed ZeRO)")
+    if config.precision.fp8_ffn and (p.tensor_parallel > 1 or p.zero_stage > 0):
+        problems.append("precision.fp8_ffn=true runs with plain data parallelism (zero_stage=0, tensor_parallel=1) "
+                        "in this version; turn one of them off")
+    if p.tensor_parallel > 1 and m.n_head > 0 and m.d_model > 0:
+        from launcher.parallel.tensor import check_divisible
+
+        problems += check_divisible(m.n_head, m.ffn_mult * m.d_model, m.vocab_size, p.tensor_parallel)
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
         problems.append(f"optim.lr={o.lr} must be > 0 and optim.min_lr={o.min_lr} in [0, lr]")
     if o.warmup_steps < 0 or o.decay_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
@@ -461,13 +474,41 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
     for name in (r.experiment, r.arm):
         if not name or any(c in name for c in "/\\ ") or name.startswith("."):
             problems.append(f"run name {name!r} must be a plain folder name (no slashes or spaces)")
-    if world_size is not None and d.micro_batch_size > 0 and not problems:
-        dp = world_size // (p.tensor_parallel * p.pipeline_parallel)
-        if d.global_batch_size % (d.micro_batch_size * dp):
-            problems.append(f"data.global_batch_size={d.global_batch_size} is not a multiple of "
-                            f"data.micro_batch_size={d.micro_batch_size} x data-parallel size {dp}")
+    if world_size is not None and not problems:
+        problems += layout_problems(config, world_size)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _batch_problems(config: Config, dp: int, dp_text: str) -> list[str]:
+    d = config.data
+    if d.global_batch_size % (d.micro_batch_size * dp) == 0:
+        return []
+    micro = [m for m in range(1, d.micro_batch_size + 1) if d.global_batch_size % (m * dp) == 0]
+    fix = (f"data.micro_batch_size={micro[-1]}" if micro else
+           f"data.global_batch_size={-(-d.global_batch_size // (d.micro_batch_size * dp)) * d.micro_batch_size * dp}")
+    return [f"data.global_batch_size={d.global_batch_size} is not a multiple of data.micro_batch_size="
+            f"{d.micro_batch_size}{dp_text}; for example set {fix}"]
+
+
+def layout_problems(config: Config, world_size: int) -> list[str]:
+    """Problems of running ``config`` on ``world_size`` processes, each naming values that work."""
+    from launcher.parallel.dims import check_layout
+
+    p, d = config.parallel, config.data
+    problems = check_layout(world_size, p)
+    if problems:
+        return problems
+    dp = world_size // (p.tensor_parallel * p.pipeline_parallel)
+    problems = _batch_problems(config, dp, f" x data-parallel size {dp} ({world_size} process(es) / (tensor_parallel "
+                                           f"{p.tensor_parallel} x pipeline_parallel {p.pipeline_parallel}))")
+    windows = config.eval.batches * d.micro_batch_size
+    if config.eval.interval and windows % dp:
+        batches = -(-config.eval.batches // dp) * dp
+        problems.append(f"eval.batches={config.eval.batches} x data.micro_batch_size={d.micro_batch_size} = {windows} "
+                        f"validation sequences cannot be split evenly over {dp} data-parallel ranks; for example set "
+                        f"eval.batches={batches}")
+    return problems
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-
-@dataclass
-class DistInfo:
-    """Where this process sits; with one process every field is trivial and no process group exists."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+from launcher.config import ConfigError, ParallelConfig
+from launcher.parallel import dims as parallel_dims
+from launcher.parallel.dims import ParallelDims
 
 
 def _env_from_slurm() -> None:
@@ -37,7 +22,7 @@ def _env_from_slurm() -> None:
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
     os.environ.setdefault("MASTER_PORT", "29500")
     if "MASTER_ADDR" not in os.environ:
-        raise RuntimeError("srun without torchrun needs MASTER_ADDR (the first node's address); slurm/*.sh sets it")
+        raise ConfigError("srun without torchrun needs MASTER_ADDR (the first node's address); slurm/*.sh sets it")
 
 
 def world_size_from_env() -> int:
@@ -49,14 +34,18 @@ def world_size_from_env() -> int:
 def resolve_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise RuntimeError("run.device=cuda but no CUDA GPU is visible; use run.device=cpu or auto")
+            raise ConfigError("run.device=cuda but no CUDA GPU is visible; use run.device=cpu or auto")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
+                              "most one process per GPU on each node")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def init(requested_device: str = "auto") -> DistInfo:
-    """Initialise torch.distributed from env:// when launched with several processes (gloo on CPU, NCCL on GPU)."""
+def init(requested_device: str = "auto", parallel: ParallelConfig | None = None) -> ParallelDims:
+    """Initialise torch.distributed from env:// when launched with several processes (gloo on CPU, NCCL on GPU),
+    and create the groups of the parallel layout."""
     _env_from_slurm()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -66,7 +55,7 @@ def init(requested_device: str = "auto") -> DistInfo:
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, init_method="env://", timeout=datetime.timedelta(minutes=10), **kwargs)
-    return DistInfo(rank, world, local_rank, device)
+    return parallel_dims.build(parallel or ParallelConfig(), world, rank, local_rank, device)
 
 
 def shutdown() -> None:
@@ -74,18 +63,19 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def all_ranks_agree(flag: bool, info: DistInfo) -> bool:
+def any_rank(flag: bool, dims: ParallelDims) -> bool:
     """True if ``flag`` is true on any rank (used so every rank stops at the same step)."""
-    if not info.distributed:
+    if not dims.distributed:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    t = torch.tensor([1.0 if flag else 0.0], device=dims.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
 
-def gather_objects(obj, info: DistInfo) -> list:
-    if not info.distributed:
+def gather_objects(obj, dims: ParallelDims) -> list:
+    """``obj`` of every rank, in rank order, on every rank."""
+    if not dims.distributed:
         return [obj]
-    out = [None] * info.world_size
+    out = [None] * dims.world_size
     dist.all_gather_object(out, obj)
     return out

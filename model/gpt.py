@@ -80,12 +80,12 @@ class CausalSelfAttention(nn.Module):
         return x.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
+        b, t, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         o = self.attention_fn(q, k, v)
         if self.probe is not None:
             o = self.probe(self.layer_idx, q, k, v, o)
-        o = o.transpose(1, 2).reshape(b, t, d)
+        o = o.transpose(1, 2).reshape(b, t, -1)  # (B, T, heads * hd): d, or this rank's heads under tensor parallelism
         return self.dropout(self.out_proj(o))
 
 
@@ -118,8 +118,16 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in FP32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
+
+
 class GPT(nn.Module):
-    """Decoder-only language model; ``forward(idx, targets)`` returns (logits, mean cross-entropy or None)."""
+    """Decoder-only language model; ``forward(idx, targets)`` returns (logits, mean cross-entropy or None).
+
+    ``loss_fn(logits, targets)`` is an attribute so that a parallel layout can replace it (tensor parallelism
+    computes the cross-entropy of vocabulary-split logits without gathering them)."""
 
     def __init__(self, config: GPTConfig, attention_fn: AttentionFn = sdpa_attention):
         super().__init__()
@@ -133,6 +141,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied embeddings
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -178,5 +187,4 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
-        return logits, loss
+        return logits, self.loss_fn(logits, targets)

@@ -9,26 +9,34 @@
   (attention_stats.py); the delta bias of ``monitor.delta_bias_layers`` (delta_bias.py).
 
 Both also run at step 1. Tag names come from tags.py. An interval of 0 disables that part; ``delta_bias_layers: []``
-disables the delta-bias monitor alone. Ranks without a writer compute nothing (there are no collectives here).
+disables the delta-bias monitor alone.
+
+Under tensor parallelism the tags and values are those of the single-device model: spectral norms are taken of the
+full matrices (the ranks' slices are gathered at the monitor interval); each rank computes the per-head statistics
+(tie rate, max logit, entropy, delta bias) of the heads it owns, and the per-head values are gathered in global head
+order. The ranks that compute are those of the logging rank's tensor-parallel group (all ranks under ZeRO-3, whose
+parameters only exist gathered over data parallel); only the logging rank writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from launcher.monitors import tags
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.tensor import Shard, gather_full, head_range, shard_of
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_stats, scores
-from launcher.monitors.delta_bias import layer_delta_bias
+from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
 from launcher.monitors.probe import run_probe
 from launcher.monitors.spectral import SpectralTracker
 
 __all__ = ["Monitors", "tags"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: per-head state stored for all heads of the model (any tensor-parallel layout can load it)
 
 
 def _due(step: int, interval: int) -> bool:
@@ -63,17 +71,24 @@ class Monitors:
 
     def __init__(self, config, model: torch.nn.Module, probe_batch: tuple[torch.Tensor, torch.Tensor], writer,
                  autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 backend: str = "reference"):
+                 backend: str = "reference", dims: Optional[ParallelDims] = None, engine=None):
         mon, att = config.monitor, config.attention
         self.model = model
         self.probe_batch = probe_batch
         self.writer = writer
         self.autocast = autocast
         self.backend = backend
+        self.dims = dims or ParallelDims(device=probe_batch[0].device)
+        self.engine = engine
+        zero3 = engine is not None and getattr(engine, "stage", 0) == 3
+        # ranks that take part: the logging rank's tensor-parallel group, or every rank under ZeRO-3
+        self.active = self.dims.dp_rank == 0 or zero3
         self.rounding, self.fix = att.rounding, att.fix
         self.beta, self.eps = att.beta, att.eps
         self.n_layer = len(model.blocks)
-        self.n_head = model.blocks[0].attn.n_head
+        self.n_head = config.model.n_head  # of the whole model; this rank's are head_offset .. + local_heads - 1
+        self.head_offset, _ = head_range(self.n_head, self.dims)
+        self.local_heads = model.blocks[0].attn.n_head
         self.head_dim = model.blocks[0].attn.head_dim
         self.spectral_interval = mon.spectral_interval
         self.probe_interval = mon.probe_interval
@@ -99,8 +114,9 @@ class Monitors:
         return dict(self._last)
 
     def after_step(self, step: int) -> dict[str, float]:
-        """Run whatever is due at optimizer step ``step`` (1-based), log it with global_step=step, return it."""
-        if self.writer is None:
+        """Run whatever is due at optimizer step ``step`` (1-based), log it with global_step=step, return it.
+        Every rank calls it; ranks outside the computing group (see the module docstring) return {} at once."""
+        if not self.active:
             return {}
         do_spectral = _due(step, self.spectral_interval)
         do_probe = _due(step, self.probe_interval)
@@ -120,18 +136,22 @@ class Monitors:
                 values.update(self._probe(device))
                 values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
         self._overhead_s += self._clock(device) - start
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, global_step=step)
+        if self.writer is not None:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, global_step=step)
         self._last.update(values)
         return values
 
     def state_dict(self) -> dict:
-        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices."""
+        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices (per-head
+        state of all heads: collective over the tensor-parallel group, every rank calls)."""
+        if not self.active:
+            return {}
         return {
             "version": STATE_VERSION,
             "spectral_vectors": self.tracker.state_dict(),
-            "delta_cum": {i: t.detach().cpu().clone() for i, t in self.delta_cum.items()},
-            "prev_error": {i: t.detach().cpu().clone() for i, t in self.prev_error.items()},
+            "delta_cum": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.delta_cum.items())},
+            "prev_error": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.prev_error.items())},
             "overhead_s": self._overhead_s,
             "last_values": dict(self._last),
         }
@@ -140,10 +160,11 @@ class Monitors:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"monitor state version {state.get('version')} is not {STATE_VERSION}; "
                              "resume with the code that wrote the checkpoint")
-        device = next(self.model.parameters()).device
+        device = self.probe_batch[0].device
+        mine = slice(self.head_offset, self.head_offset + self.local_heads)
         self.tracker.load_state_dict(state["spectral_vectors"], device)
-        self.delta_cum = {int(i): t.to(device) for i, t in state["delta_cum"].items()}
-        self.prev_error = {int(i): t.to(device) for i, t in state["prev_error"].items()}
+        self.delta_cum = {int(i): t[mine].to(device) for i, t in state["delta_cum"].items()}
+        self.prev_error = {int(i): t[mine].to(device) for i, t in state["prev_error"].items()}
         self._overhead_s = float(state["overhead_s"])
         self._last = dict(state["last_values"])
 
@@ -155,16 +176,27 @@ class Monitors:
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
+    def _all_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's per-head tensor (heads first) extended to all heads of the model, in global order."""
+        return gather_full(t, Shard(0, self.dims.tp), self.dims)
+
+    def _full_weight(self, module: torch.nn.Module) -> torch.Tensor:
+        """The full FP32 weight of a (possibly tensor-split, possibly ZeRO-3-partitioned) linear layer."""
+        weight = module.weight
+        context = self.engine.gathered([weight]) if self.engine is not None else contextlib.nullcontext()
+        with context:
+            return gather_full(weight.detach().float(), shard_of(weight), self.dims)
+
     @torch.no_grad()
     def _spectral(self) -> dict[str, float]:
         blocks = self.model.blocks
         values = _Values()
         names = list(tags.WEIGHTS)
-        square = torch.stack([getattr(b.attn, m).weight.detach().float()
+        square = torch.stack([self._full_weight(getattr(b.attn, m))
                               for b in blocks for m in ("q_proj", "k_proj", "v_proj", "out_proj")])
         sq = self.tracker("attn", square).view(self.n_layer, 4)
-        fc_in = self.tracker("fc_in", torch.stack([b.mlp.fc_in.weight.detach().float() for b in blocks]))
-        fc_out = self.tracker("fc_out", torch.stack([b.mlp.fc_out.weight.detach().float() for b in blocks]))
+        fc_in = self.tracker("fc_in", torch.stack([self._full_weight(b.mlp.fc_in) for b in blocks]))
+        fc_out = self.tracker("fc_out", torch.stack([self._full_weight(b.mlp.fc_out) for b in blocks]))
         d = square.shape[-1]
         qk_heads = square.view(self.n_layer, 4, d, d)[:, :2].reshape(-1, self.head_dim, d)
         heads = self.tracker("heads_qk", qk_heads).view(self.n_layer, 2, self.n_head)
@@ -177,28 +209,42 @@ class Monitors:
                 values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[i, j])
         return values.to_dict()
 
+    def _gather_heads(self, local: dict) -> dict:
+        """{key: this rank's per-head (local_heads,) tensor} -> {key: all heads (n_head,)}, in one collective."""
+        if self.dims.tp == 1 or not local:
+            return local
+        keys = list(local)
+        stacked = torch.stack([local[k].double() for k in keys], dim=1)  # (local_heads, K)
+        full = self._all_heads(stacked)
+        return {k: full[:, j] for j, k in enumerate(keys)}
+
     def _probe(self, device: torch.device) -> dict[str, float]:
         delta_layers = self.delta_layers
         probe = run_probe(self.model, self.probe_batch, self.autocast, delta_layers)
         values = _Values()
         with torch.no_grad():
             xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in range(self.n_layer)])
-            outs = torch.stack([probe.layers[i].o.float().transpose(1, 2).flatten(2).flatten(0, 1)
-                               for i in range(self.n_layer)])
+            # O of all heads: (B, H, T, hd) -> (B*T, H*hd), as the single-device model's out_proj input
+            outs = torch.stack([gather_full(probe.layers[i].o.float(), Shard(1, self.dims.tp), self.dims)
+                                .transpose(1, 2).flatten(2).flatten(0, 1) for i in range(self.n_layer)])
             rows = xs.shape[1] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
             x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", outs) / rows
+            local = {}
             for i in range(self.n_layer):
                 cap = probe.layers[i]
+                s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
+                local.update({(i, stat): v for stat, v in head_stats(s, self.eps).items()})
+                del s
+            per_head = self._gather_heads(local)
+            for i in range(self.n_layer):
                 values.add(tags.act(i, "x_rms"), xs[i].pow(2).mean().sqrt())
                 values.add(tags.act(i, "x_sv"), x_sv[i])
                 values.add(tags.act(i, "o_rms"), outs[i].pow(2).mean().sqrt())
                 values.add(tags.act(i, "o_sv"), o_sv[i])
-                s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
-                per_head = head_stats(s, self.eps)
-                del s
-                for stat, value in layer_stats(per_head).items():
+                layer = {stat: per_head[(i, stat)] for stat in tags.ATTN_STATS}
+                for stat, value in layer_stats(layer).items():
                     values.add(tags.attn(i, stat), value)
-                for stat, value in per_head.items():
+                for stat, value in layer.items():
                     values.add_heads(lambda h, i=i, stat=stat: tags.attn(i, stat, h), value)
         result = values.to_dict()
         if delta_layers:
@@ -206,7 +252,7 @@ class Monitors:
             result.update(self._delta_bias(probe))
             cost = self._clock(device) - start
             result[tags.DELTA_BIAS_SECONDS] = cost
-            if not self._delta_cost_printed:
+            if not self._delta_cost_printed and self.writer is not None:
                 self._delta_cost_printed = True
                 b, t = self.probe_batch[0].shape
                 print(f"[monitors] delta bias: {len(delta_layers)} layer(s) x probe batch {b}x{t}, "
@@ -215,21 +261,27 @@ class Monitors:
 
     @torch.no_grad()
     def _delta_bias(self, probe) -> dict[str, float]:
-        values = _Values()
+        local = {}
         for i in self.delta_layers:
             cap = probe.layers[i]
             out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
-                                   self.fix, self.beta, self.eps, self.prev_error.get(i))
-            per_head = out["sum"]
+                                   self.fix, self.beta, self.eps, self.prev_error.get(i), self.head_offset,
+                                   self.n_head)
             cum = self.delta_cum.get(i)
-            cum = per_head.clone() if cum is None else cum.to(per_head) + per_head
-            self.delta_cum[i] = cum
-            self.prev_error[i] = out["error"].float()  # (H, head_dim, d_model), rows of q_proj.weight per head
-            values.add(tags.delta_bias(i, "sum"), per_head.sum())
-            values.add(tags.delta_bias(i, "cum"), cum.sum())
-            values.add_heads(lambda h, i=i: tags.delta_bias(i, "sum", h), per_head)
-            values.add_heads(lambda h, i=i: tags.delta_bias(i, "cum", h), cum)
-            if "dwq_cos" in out:
-                values.add(tags.delta_bias(i, "dwq_cos"), out["dwq_cos"])
-                values.add_heads(lambda h, i=i: tags.delta_bias(i, "dwq_cos", h), out["dwq_cos_head"])
+            self.delta_cum[i] = out["sum"].clone() if cum is None else cum.to(out["sum"]) + out["sum"]
+            self.prev_error[i] = out["error"].float()  # (heads, head_dim, d_model), rows of q_proj.weight per head
+            local[(i, "sum")], local[(i, "cum")] = out["sum"], self.delta_cum[i]
+            for part in ("dot", "error_sq", "previous_sq"):
+                if part in out:
+                    local[(i, part)] = out[part]
+        per_head = self._gather_heads(local)
+        values = _Values()
+        for i in self.delta_layers:
+            for stat in ("sum", "cum"):
+                values.add(tags.delta_bias(i, stat), per_head[(i, stat)].sum())
+                values.add_heads(lambda h, i=i, stat=stat: tags.delta_bias(i, stat, h), per_head[(i, stat)])
+            if (i, "dot") in per_head:
+                dot, err_sq, prev_sq = (per_head[(i, p)] for p in ("dot", "error_sq", "previous_sq"))
+                values.add(tags.delta_bias(i, "dwq_cos"), cosine_from_parts(dot.sum(), err_sq.sum(), prev_sq.sum()))
+                values.add_heads(lambda h, i=i: tags.delta_bias(i, "dwq_cos", h), cosine_from_parts(dot, err_sq, prev_sq))
         return values.to_dict()

@@ -26,14 +26,17 @@ from launcher.monitors.attention_stats import kernel_inputs
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, backend: str,
-                 rounding: str, fix: str, beta: float, eps: float) -> torch.Tensor:
-    """The attention output the run's backward multiplies dO with to form delta."""
+                 rounding: str, fix: str, beta: float, eps: float, head_offset: int = 0,
+                 total_heads: int = 0) -> torch.Tensor:
+    """The attention output the run's backward multiplies dO with to form delta. ``head_offset``/``total_heads``: the
+    global index of q's first head and the model's head count (tensor parallelism), as the run's attention sees them."""
     if backend == "sdpa":
         return o
     import kernels  # lazily: the sdpa path must not need kernels/ (Triton)
 
     return kernels.saved_output(kernel_inputs(q, backend), kernel_inputs(k, backend), kernel_inputs(v, backend),
-                                causal=True, rounding=rounding, fix=fix, beta=beta, eps=eps, backend=backend)
+                                causal=True, rounding=rounding, fix=fix, beta=beta, eps=eps, backend=backend,
+                                head_offset=head_offset, total_heads=total_heads)
 
 
 @torch.no_grad()
@@ -68,19 +71,25 @@ def dwq_error(diff: torch.Tensor, p: torch.Tensor, k: torch.Tensor, x: torch.Ten
 
 def cosine(a: torch.Tensor, b: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """Cosine similarity of a and b over ``dims`` (0 where either is zero)."""
-    num = (a * b).sum(dim=dims)
-    den = torch.linalg.vector_norm(a, dim=dims) * torch.linalg.vector_norm(b, dim=dims)
-    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
+    return cosine_from_parts((a * b).sum(dim=dims), a.square().sum(dim=dims), b.square().sum(dim=dims))
+
+
+def cosine_from_parts(dot: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor) -> torch.Tensor:
+    """Cosine from a.b, |a|^2 and |b|^2 (0 where either is zero); sums of the parts over heads give a layer's cosine,
+    which is how the heads of different tensor-parallel ranks are combined."""
+    den = (a_sq * b_sq).sqrt()
+    return torch.where(den > 0, dot / den.clamp_min(1e-300), torch.zeros_like(dot))
 
 
 @torch.no_grad()
 def layer_delta_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_out: torch.Tensor,
                      x: torch.Tensor, backend: str, rounding: str, fix: str, beta: float, eps: float,
-                     previous_error: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+                     previous_error: Optional[torch.Tensor] = None, head_offset: int = 0,
+                     total_heads: int = 0) -> dict[str, torch.Tensor]:
     """Delta-bias results of one layer: ``sum`` (H,) of delta_lp - delta_hp over batch and positions, the W_Q
     gradient ``error`` (H, hd, d) and, given the previous call's error, cosines ``dwq_cos`` (whole layer, scalar)
-    and ``dwq_cos_head`` (H,)."""
-    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps)
+    and ``dwq_cos_head`` (H,) with their parts per head (``dot``, ``error_sq``, ``previous_sq``)."""
+    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads)
     qi, ki, vi = (kernel_inputs(t, backend) for t in (q, k, v))
     o_exact, p = exact_attention(qi, ki, vi)
     diff = delta_difference(d_out, o_saved, o_exact)
@@ -88,6 +97,8 @@ def layer_delta_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     out = {"sum": diff.sum(dim=(0, 2)), "error": error}
     if previous_error is not None and previous_error.shape == error.shape:
         prev = previous_error.to(error.device, error.dtype)
-        out["dwq_cos"] = cosine(error.flatten(), prev.flatten(), (0,))
-        out["dwq_cos_head"] = cosine(error, prev, (1, 2))
+        out["dot"], out["error_sq"] = (error * prev).sum(dim=(1, 2)), error.square().sum(dim=(1, 2))
+        out["previous_sq"] = prev.square().sum(dim=(1, 2))
+        out["dwq_cos"] = cosine_from_parts(out["dot"].sum(), out["error_sq"].sum(), out["previous_sq"].sum())
+        out["dwq_cos_head"] = cosine_from_parts(out["dot"], out["error_sq"], out["previous_sq"])
     return out

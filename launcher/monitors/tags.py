@@ -35,12 +35,13 @@ ACT_STATS = ("x_rms", "x_sv", "o_rms", "o_sv")
 ATTN_STATS = ("tie_rate", "max_logit", "entropy")
 DELTA_STATS = ("sum", "cum", "dwq_cos")
 
-# Tags written by the trainer (launcher/pretrain.py); listed here because the comparison reads them.
+# Tags written by the trainer (launcher/metrics.py); the comparison reads them too.
 TRAIN_LOSS = "train/loss"
 TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
 EVAL_LOSS = "eval/loss"
 TOKENS_PER_S = "perf/tokens_per_s"
+STEP_TIME_S = "perf/step_time_s"
 MFU = "perf/mfu"
 GUARD_BAD_STEPS = "guard/bad_steps"
 

@@ -5,9 +5,9 @@ import importlib.util
 import pytest
 import torch
 
-from launcher import distributed
 from launcher.config import load_config
-from launcher.pretrain import train_arm
+from launcher.parallel.dims import ParallelDims
+from launcher.trainer import train_arm
 from tests.unit.test_train import scalars
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +20,7 @@ GPU_OVERRIDES = ["run.device=cuda", "model.d_model=128", "model.n_head=2", "mode
 @pytest.mark.parametrize("arm", ["baseline", "fixed"])
 def test_arm_trains_with_triton_kernel(tiny_overrides, arm):
     config = load_config("smoke", tiny_overrides + GPU_OVERRIDES, arm=arm)
-    result = train_arm(config, distributed.DistInfo(device=torch.device("cuda", 0)))
+    result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
     losses = scalars(result.run_dir, "train/loss")
     assert result.status == "completed" and len(losses) == 30
     assert losses[30] < losses[1] - 0.5
@@ -32,7 +32,7 @@ def test_arm_trains_with_triton_kernel(tiny_overrides, arm):
                     reason="transformer_engine is not installed (see shared/device/README.md)")
 def test_fp8_ffn_trains(tiny_overrides):
     config = load_config("smoke", tiny_overrides + GPU_OVERRIDES + ["precision.fp8_ffn=true"], arm="fixed")
-    result = train_arm(config, distributed.DistInfo(device=torch.device("cuda", 0)))
+    result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
     losses = scalars(result.run_dir, "train/loss")
     assert result.status == "completed"
     assert losses[30] < losses[1] - 0.5

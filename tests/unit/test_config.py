@@ -53,7 +53,10 @@ def test_arm_override_from_cli():
     (["arms.baseline.attention.fix=nope"], "attention.fix='nope' is not one of"),
     (["optim.lr=fast"], "optim.lr must be a number"),
     (["model.n_layer=2.5"], "model.n_layer must be an integer"),
-    (["parallel.tensor_parallel=2"], "not implemented"),
+    (["parallel.pipeline_parallel=2"], "not implemented"),
+    (["parallel.zero_stage=4"], "must be 0 (DDP), 1, 2 or 3"),
+    (["parallel.tensor_parallel=2", "model.n_head=1"], "model.n_head=1 is not divisible by parallel.tensor_parallel=2"),
+    (["parallel.tensor_parallel=2", "model.vocab_size=1001"], "set model.vocab_size=1002"),
     (["monitor.delta_bias_layers=[7]"], "layers are 0..3"),
     (["lr=3"], "needs a section and a field"),
     (["optim.lr"], "not of the form"),
@@ -64,8 +67,20 @@ def test_bad_configs_say_what_to_change(overrides, message):
 
 
 def test_world_size_divides_batch():
-    with pytest.raises(ConfigError, match="data-parallel size 3"):
+    with pytest.raises(ConfigError, match=r"data-parallel size 3 .* for example set data.global_batch_size=12"):
         load_config("smoke", world_size=3)
+    with pytest.raises(ConfigError, match="for example set data.micro_batch_size=2"):
+        load_config("smoke", ["data.micro_batch_size=3"], world_size=4)
+    assert load_config("smoke", world_size=2).data.micro_batch_size == 4  # the README's torchrun line
+
+
+def test_layouts_that_cannot_work_say_what_to_change():
+    with pytest.raises(ConfigError, match="3 process.* cannot be split into tensor_parallel=2 .* products that do: 1, 3"):
+        load_config("smoke", ["parallel.tensor_parallel=2"], world_size=3)
+    with pytest.raises(ConfigError, match="cannot be split evenly over 2 data-parallel ranks; for example set "
+                                          "eval.batches=4"):
+        load_config("smoke", ["eval.batches=3", "data.micro_batch_size=1"], world_size=2)
+    assert load_config("smoke", ["parallel.tensor_parallel=2", "parallel.zero_stage=3"], world_size=4)
 
 
 def test_arms_may_not_change_other_sections():

@@ -8,6 +8,7 @@ import torch
 
 from launcher.config import Config
 from launcher.monitors import Monitors, tags
+from launcher.parallel.dims import ParallelDims
 from launcher.monitors.attention_stats import head_stats, layer_stats, scores
 from launcher.monitors.spectral import SpectralTracker, power_iteration, top_singular_exact
 from model import GPT, GPTConfig, build_attention
@@ -244,7 +245,9 @@ def test_intervals_and_disabled_parts():
     config, model, batch = _setup(spectral_interval=0, probe_interval=3, delta_layers=[])
     values = Monitors(config, model, batch, _Writer(), contextlib.nullcontext, "reference").after_step(3)
     assert values and not any(t.startswith("delta_bias/") for t in values)
-    assert Monitors(config, model, batch, None, contextlib.nullcontext, "reference").after_step(3) == {}
+    # a data-parallel replica other than the logging rank's computes nothing
+    replica = ParallelDims(world_size=2, rank=1)
+    assert Monitors(config, model, batch, None, contextlib.nullcontext, "reference", replica).after_step(3) == {}
 
 
 def test_state_dict_resume_continues_identically():

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from launcher import distributed
 from launcher.config import load_config
-from launcher.pretrain import lr_at, train_arm
+from launcher.parallel.dims import ParallelDims
+from launcher.trainer import lr_at, train_arm
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def test_lr_schedule_warmup_then_cosine():
 def test_loss_falls_on_the_corpus(tiny_overrides):
     config = load_config("smoke", tiny_overrides + ["run.max_steps=40", "optim.decay_steps=40", "optim.lr=1e-2",
                                                     "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"])
-    result = train_arm(config, distributed.DistInfo())
+    result = train_arm(config, ParallelDims())
     losses = scalars(result.run_dir, "train/loss")
     assert result.status == "completed" and len(losses) == 40
     assert losses[40] < losses[1] - 1.0, losses
@@ -48,7 +48,7 @@ def test_loss_falls_on_the_corpus(tiny_overrides):
 
 
 def test_arms_see_the_same_batches_and_differ_in_attention(tiny_overrides):
-    results = {arm: train_arm(load_config("smoke", tiny_overrides, arm=arm), distributed.DistInfo())
+    results = {arm: train_arm(load_config("smoke", tiny_overrides, arm=arm), ParallelDims())
                for arm in ("baseline", "fixed")}
     base, fixed = (results[a].run_dir for a in ("baseline", "fixed"))
     assert (base / "batch_offsets.bin").read_bytes() == (fixed / "batch_offsets.bin").read_bytes()
@@ -123,7 +123,7 @@ def test_guard_stops_without_saving_the_bad_state(tiny_overrides, monkeypatch):
     _nan_at(monkeypatch, bad_call=5)
     config = load_config("smoke", tiny_overrides + ["data.micro_batch_size=4", "checkpoint.interval=2",
                                                     "eval.interval=0", "monitor.spectral_interval=1"])
-    result = train_arm(config, distributed.DistInfo())
+    result = train_arm(config, ParallelDims())
     assert result.status == "stopped" and "loss is nan" in result.message
     assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000004.pt"
     dump = (result.run_dir / "bad_step_00000005.yaml").read_text()
@@ -135,7 +135,7 @@ def test_guard_stops_without_saving_the_bad_state(tiny_overrides, monkeypatch):
 def test_guard_skip_drops_the_update_and_goes_on(tiny_overrides, monkeypatch, bad_step):
     _nan_at(monkeypatch, bad_call=bad_step)
     config = load_config("smoke", tiny_overrides + ["data.micro_batch_size=4", "guard.action=skip"])
-    result = train_arm(config, distributed.DistInfo())
+    result = train_arm(config, ParallelDims())
     losses = scalars(result.run_dir, "train/loss")
     assert result.status == "completed" and result.steps == 6
     assert bad_step not in losses and all(math.isfinite(v) for v in losses.values())

@@ -1,0 +1,151 @@
+"""The process layout of a run: pipeline x data x tensor parallel sizes, this process's ranks and its groups.
+
+Ranks are laid out with the tensor-parallel index fastest, then data, then pipeline:
+``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``. Tensor-parallel groups (the chattiest: two all-reduces per block
+and pass) are therefore consecutive ranks, i.e. GPUs of one node; this is also the order of DeepSpeed's
+``PipeModelDataParallelTopology`` (axes pipe, data, model), so a pipeline engine sees the same groups.
+
+With one process every size is 1, no process group exists, and the collectives below are no-ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from launcher.config import ConfigError, ParallelConfig
+
+
+@dataclass
+class ParallelDims:
+    """Sizes, ranks and process groups of one process (see the module docstring for the rank order)."""
+
+    world_size: int = 1
+    tp: int = 1
+    pp: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    tp_group: Optional[dist.ProcessGroup] = None
+    dp_group: Optional[dist.ProcessGroup] = None
+    pp_group: Optional[dist.ProcessGroup] = None
+    amax_group: Optional[dist.ProcessGroup] = None
+    """Tensor x data ranks of one pipeline stage: FP8 amax reductions span it and never the pipeline (a collective
+    over the pipeline group would wait on stages that run other micro-batches; TransformerEngine#1006)."""
+    dp_ranks: list[int] = field(default_factory=lambda: [0])
+    """Global ranks of this process's data-parallel group, in data-parallel order."""
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return (self.rank // self.tp) % self.dp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.tp * self.dp)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_logging_rank(self) -> bool:
+        """The one process that prints progress and writes TensorBoard events, batch offsets and checkpoints."""
+        return self.rank == 0
+
+    def describe(self) -> str:
+        return f"{self.world_size} process(es) = dp {self.dp} x tp {self.tp} x pp {self.pp}"
+
+    # ------------------------------------------------------------------------------------------------------------
+    # DeepSpeed's "mpu" interface (model-parallel unit): the groups DeepSpeed uses for ZeRO sharding and for the
+    # global gradient norm. "Model parallel" is tensor parallel here; the pipeline engine adds its own groups.
+
+    def get_model_parallel_rank(self) -> int:
+        return self.tp_rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.tp
+
+    def get_model_parallel_group(self):
+        return self.tp_group
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self.tp_rank
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.tp
+
+    def get_tensor_model_parallel_group(self):
+        return self.tp_group
+
+    def get_data_parallel_rank(self) -> int:
+        return self.dp_rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return list(self.dp_ranks)
+
+
+def check_layout(world_size: int, parallel: ParallelConfig) -> list[str]:
+    """Problems (each saying what to change) with laying ``world_size`` processes out as dp x tp x pp."""
+    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if tp < 1 or pp < 1:
+        return ["parallel.tensor_parallel and parallel.pipeline_parallel must be >= 1"]
+    if world_size % (tp * pp):
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        return [f"{world_size} process(es) cannot be split into tensor_parallel={tp} x pipeline_parallel={pp} x "
+                f"data parallel: tensor_parallel x pipeline_parallel must divide the process count; "
+                f"products that do: {', '.join(map(str, fits))}"]
+    return []
+
+
+def build(parallel: ParallelConfig, world_size: int, rank: int, local_rank: int, device: torch.device) -> ParallelDims:
+    """Create the process groups of the layout (every rank must call this, in the same order)."""
+    problems = check_layout(world_size, parallel)
+    if problems:
+        raise ConfigError(problems[0])
+    dims = ParallelDims(world_size, parallel.tensor_parallel, parallel.pipeline_parallel, rank, local_rank, device)
+    dims.dp_ranks = [(dims.pp_rank * dims.dp + d) * dims.tp + dims.tp_rank for d in range(dims.dp)]
+    if world_size == 1:
+        return dims
+    tp, dp, pp = dims.tp, dims.dp, dims.pp
+
+    def rank_of(p, d, t):
+        return (p * dp + d) * tp + t
+
+    # new_group is collective over the world: every rank creates every group, in the same order, and keeps its own.
+    for p in range(pp):
+        for d in range(dp):
+            group = dist.new_group([rank_of(p, d, t) for t in range(tp)])
+            if (p, d) == (dims.pp_rank, dims.dp_rank):
+                dims.tp_group = group
+    for p in range(pp):
+        for t in range(tp):
+            group = dist.new_group([rank_of(p, d, t) for d in range(dp)])
+            if (p, t) == (dims.pp_rank, dims.tp_rank):
+                dims.dp_group = group
+    for d in range(dp):
+        for t in range(tp):
+            group = dist.new_group([rank_of(p, d, t) for p in range(pp)])
+            if (d, t) == (dims.dp_rank, dims.tp_rank):
+                dims.pp_group = group
+    for p in range(pp):
+        group = dist.new_group([rank_of(p, d, t) for d in range(dp) for t in range(tp)])
+        if p == dims.pp_rank:
+            dims.amax_group = group
+    return dims

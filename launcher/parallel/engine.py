@@ -1,0 +1,314 @@
+"""One optimizer step behind one interface, whatever wraps the model: plain PyTorch / DDP, or DeepSpeed ZeRO.
+
+The trainer calls, per optimizer step::
+
+    loss = engine.forward_backward(micro_batches)   # gradients of the step, reduced over data-parallel ranks
+    norm = engine.grad_norm()                       # global norm over every shard, before clipping
+    engine.step(lr, apply=guard_says_ok)            # clip and update, or drop the gradients untouched
+
+so a bad step (NaN, spike) is seen before any optimizer state changes. Checkpoints go through
+:meth:`Engine.full_parameter` / :meth:`Engine.full_optimizer_state` (per parameter, data-parallel shards assembled)
+and :meth:`Engine.load_optimizer_state`, which is what lets a checkpoint outlive its layout (launcher/checkpoint.py).
+
+- :class:`LocalEngine`: one process, or DDP over the data-parallel group (``parallel.zero_stage=0``); AdamW
+  from torch; the gradient norm sums split parameters over the tensor-parallel group.
+- :class:`ZeroEngine`: DeepSpeed ZeRO stage 1, 2 or 3 over the data-parallel group (the tensor-parallel group is
+  handed to DeepSpeed as its "mpu"). Same torch AdamW, FP32 parameters and FP32 optimizer state; BF16 (or FP32)
+  autocast is entered by the trainer around the forward, as in the local engine. DeepSpeed's ``bf16`` mode is not
+  used: it keeps BF16 weights and runs the whole forward in BF16, which is not the paper's setting (FP32 master
+  weights, BF16 autocast) and would change the numerics the experiment compares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.config import Config
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.tensor import shard_of
+
+ADAM_STATE_KEYS = ("exp_avg", "exp_avg_sq")
+CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # inserted by torch's activation-checkpoint wrapper
+
+
+def param_name(name: str) -> str:
+    """The single-device model's name of a parameter (activation-checkpoint wrappers removed)."""
+    return name.replace(CHECKPOINT_PREFIX, "")
+
+
+def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(param_name(n), p) for n, p in model.named_parameters()]
+
+
+def build_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on biases, LayerNorm gains or embeddings)."""
+    optim = config.optim
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
+                  and (isinstance(m, nn.Embedding) or type(m).__name__ == "VocabParallelEmbedding")}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.adam_eps,
+                             fused=device.type == "cuda")
+
+
+def tensor_parallel_grad_norm(params: list[nn.Parameter], dims: ParallelDims) -> torch.Tensor:
+    """L2 norm of the gradients of the whole model: split parameters summed over the tensor-parallel group,
+    replicated ones (identical on every rank of it) counted once, by tensor-parallel rank 0."""
+    split = [p.grad for p in params if p.grad is not None and shard_of(p) is not None]
+    replicated = [p.grad for p in params if p.grad is not None and shard_of(p) is None] if dims.tp_rank == 0 else []
+    squares = torch.zeros((), device=dims.device, dtype=torch.float32)
+    for grads in (split, replicated):
+        if grads:
+            squares = squares + torch.nn.utils.get_total_norm(grads).float().square()
+    if dims.tp > 1:
+        dist.all_reduce(squares, group=dims.tp_group)
+    return squares.sqrt()
+
+
+class Engine:
+    """Interface of an engine (see the module docstring); ``model`` is the plain, possibly tensor-split model."""
+
+    model: nn.Module
+    dims: ParallelDims
+
+    def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                         autocast: Callable[[], contextlib.AbstractContextManager]) -> torch.Tensor:
+        """Forward and backward of this rank's micro-batches; returns their mean loss (a 0-d tensor, this rank)."""
+        raise NotImplementedError
+
+    def grad_norm(self) -> float:
+        raise NotImplementedError
+
+    def step(self, lr: float, apply: bool) -> None:
+        raise NotImplementedError
+
+    def gathered(self, params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
+        """Context in which ``params`` hold their full data-parallel values (ZeRO-3 partitions them)."""
+        return contextlib.nullcontext()
+
+    def full_parameter(self, param: nn.Parameter) -> torch.Tensor:
+        """FP32 master value of ``param`` (this rank's tensor-parallel slice); collective over data parallel."""
+        return param.detach()
+
+    def full_optimizer_state(self, param: nn.Parameter) -> Optional[dict[str, torch.Tensor]]:
+        """Adam moments of ``param`` (this rank's tensor-parallel slice), None before the first step."""
+        raise NotImplementedError
+
+    def adam_step(self) -> int:
+        """Number of updates the optimizer has applied."""
+        raise NotImplementedError
+
+    def load_optimizer_state(self, states: dict[str, dict[str, torch.Tensor]], adam_step: int) -> None:
+        """Install Adam moments (name -> this rank's slices) and the step count."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+class LocalEngine(Engine):
+    """Single process, or DDP over the data-parallel group; torch AdamW."""
+
+    def __init__(self, model: nn.Module, config: Config, dims: ParallelDims):
+        self.model, self.dims, self.config = model, dims, config
+        self.optimizer = build_optimizer(model, config, dims.device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ddp = dims.dp > 1
+        wrapped = model
+        if self.ddp:
+            device_ids = [dims.device.index] if dims.device.type == "cuda" else None
+            wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, process_group=dims.dp_group)
+        self.wrapped = torch.compile(wrapped) if config.run.compile else wrapped
+        self._norm: Optional[torch.Tensor] = None
+
+    def describe(self) -> str:
+        return "DDP" if self.ddp else "single replica"
+
+    def forward_backward(self, micro_batches, autocast):
+        loss_sum = torch.zeros((), device=self.dims.device)
+        n = len(micro_batches)
+        for i, (x, y) in enumerate(micro_batches):
+            # DDP all-reduces gradients on the last micro-batch only
+            sync = i == n - 1 or not self.ddp
+            with contextlib.nullcontext() if sync else self.wrapped.no_sync():
+                with autocast():
+                    _, loss = self.wrapped(x, y)
+                (loss / n).backward()
+            loss_sum += loss.detach()
+        return loss_sum / n
+
+    def grad_norm(self) -> float:
+        self._norm = tensor_parallel_grad_norm(self.params, self.dims)
+        return self._norm.item()
+
+    def step(self, lr: float, apply: bool) -> None:
+        if apply:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            clip = self.config.optim.grad_clip
+            if clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(self.params, clip, self._norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def full_optimizer_state(self, param):
+        state = self.optimizer.state.get(param)
+        return {k: state[k] for k in ADAM_STATE_KEYS} if state else None
+
+    def adam_step(self) -> int:
+        steps = [int(s["step"]) for s in self.optimizer.state.values() if "step" in s]
+        return max(steps, default=0)
+
+    def load_optimizer_state(self, states, adam_step):
+        # Through the optimizer's own load_state_dict, which puts "step" where torch's AdamW variant expects it.
+        index = {id(p): i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])}
+        names = {id(p): n for n, p in named_parameters(self.model)}
+        state = {}
+        for p_id, i in index.items():
+            saved = states[names[p_id]]
+            state[i] = {"step": torch.tensor(float(adam_step)), **{k: saved[k] for k in ADAM_STATE_KEYS}}
+        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+
+
+class ZeroEngine(Engine):
+    """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel)."""
+
+    def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
+        import deepspeed
+
+        self.model, self.dims, self.config = model, dims, config
+        self.stage = config.parallel.zero_stage
+        ds_config = deepspeed_config(config, dims)
+        if run_dir is not None and dims.is_logging_rank:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
+        optimizer = build_optimizer(model, config, dims.device)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
+                                                             mpu=dims if dims.distributed else None,
+                                                             dist_init_required=False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.forward = torch.compile(self.ds) if config.run.compile else self.ds
+        self._linked_at_step = -1
+
+    def describe(self) -> str:
+        return f"DeepSpeed ZeRO-{self.stage}"
+
+    def forward_backward(self, micro_batches, autocast):
+        loss_sum = torch.zeros((), device=self.dims.device)
+        for x, y in micro_batches:
+            with autocast():
+                _, loss = self.forward(x, y)
+            self.ds.backward(loss)  # DeepSpeed divides by the accumulation steps and reduces at the last one
+            loss_sum += loss.detach()
+        return loss_sum / len(micro_batches)
+
+    def grad_norm(self) -> float:
+        # The optimizer's own norm over its gradient partitions (all-reduced over data and tensor parallel), computed
+        # before the update so that the guard can veto it; step() computes it again when it clips.
+        opt = self.optimizer
+        if self.stage == 3:
+            norm = torch.linalg.vector_norm(torch.stack(opt._get_norm_groups()))
+        else:
+            norm = opt.scaled_global_norm()
+        return float(norm)
+
+    def step(self, lr: float, apply: bool) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if apply:
+            self.ds.step()
+            return
+        # DeepSpeed's own path for a step it must not apply (its fp16 overflow handling): with the flag set, the ZeRO
+        # optimizer frees the reduced gradients and returns before touching parameters or moments, and the engine
+        # counts a skipped step. In FP32 mode it never sets the flag itself, so it stays ours to raise and lower.
+        self.optimizer.overflow = True
+        try:
+            self.ds.step()
+        finally:
+            self.optimizer.overflow = False
+
+    def gathered(self, params):
+        if self.stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params)
+
+    def full_parameter(self, param):
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return safe_get_full_fp32_param(param)
+
+    def full_optimizer_state(self, param):
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        step = self.adam_step()
+        if step == 0:
+            return None
+        if self._linked_at_step != step:
+            self._link_moments()
+            self._linked_at_step = step
+        return {k: safe_get_full_optimizer_state(param, k) for k in ADAM_STATE_KEYS}
+
+    def _link_moments(self) -> None:
+        """Point every parameter's fragment mapping at the current Adam moments of its flat partition (stages 1, 2).
+
+        DeepSpeed (0.19) links them once, right after the first parameter group's first update, before the moments
+        of the other groups exist; parameters of those groups would then have no moments to read or write."""
+        if self.stage in (1, 2):
+            self.optimizer._hp_optimizer_states_linked = False
+            self.optimizer._lazy_init_hp_params_optimizer_state()
+
+    def _inner(self) -> torch.optim.Optimizer:
+        return self.optimizer.optimizer  # the torch AdamW that updates the flat FP32 partitions
+
+    def adam_step(self) -> int:
+        steps = [int(s["step"]) for s in self._inner().state.values() if "step" in s]
+        return max(steps, default=0)
+
+    def load_optimizer_state(self, states, adam_step):
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        # The flat partitions get their Adam state lazily at the first step; create it (zeros, the right step count)
+        # through the inner optimizer's load_state_dict, then let DeepSpeed map each parameter onto its fragments.
+        inner = self._inner()
+        flat = [p for g in inner.param_groups for p in g["params"]]
+        state = {i: {"step": torch.tensor(float(adam_step)), **{k: torch.zeros_like(p) for k in ADAM_STATE_KEYS}}
+                 for i, p in enumerate(flat)}
+        inner.load_state_dict({"state": state, "param_groups": inner.state_dict()["param_groups"]})
+        self._link_moments()
+        for name, param in named_parameters(self.model):
+            for key in ADAM_STATE_KEYS:
+                safe_set_full_optimizer_state(param, states[name][key].to(self.dims.device), key)
+
+
+def deepspeed_config(config: Config, dims: ParallelDims) -> dict:
+    """DeepSpeed's JSON config, derived from the typed config (written to the run folder for reference)."""
+    data = config.data
+    accumulation = data.global_batch_size // (data.micro_batch_size * dims.dp)
+    return {
+        "train_batch_size": data.global_batch_size,
+        "train_micro_batch_size_per_gpu": data.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": config.optim.grad_clip,
+        # No "bf16"/"fp16" section: FP32 parameters, gradients and optimizer state (see the module docstring).
+        "zero_optimization": {"stage": config.parallel.zero_stage},
+        "steps_per_print": 2**31 - 1,  # the trainer prints progress
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_engine(model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None) -> Engine:
+    if config.parallel.zero_stage == 0:
+        return LocalEngine(model, config, dims)
+    return ZeroEngine(model, config, dims, run_dir)

@@ -1,0 +1,379 @@
+"""Training of one arm, in small named pieces: build, one optimizer step, evaluation, checkpointing, the loop.
+
+``Trainer(config, dims)`` builds everything in torchtitan's order: the full single-device model from the run's seed
+(so every layout starts from the same weights), tensor parallelism, FP8, activation checkpointing, the resumed
+weights, then the engine (DDP or DeepSpeed ZeRO; launcher/parallel/engine.py) and the resumed optimizer state.
+``Trainer.fit()`` runs the loop: :meth:`train_step` (one optimizer step over its micro-batches, vetoed by the guard
+before the update), monitors, :meth:`evaluate`, :meth:`save_checkpoint` and the stop check.
+
+Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and returns; the same command resumes, and the
+resumed run is identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from launcher import distributed
+from launcher.checkpoint import (CheckpointStore, check_fits, gather_training_state, load_optimizer_state,
+                                 load_parameters, rng_state, set_rng_state)
+from launcher.config import Config, ConfigError, OptimConfig
+from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
+from launcher.metrics import Metrics, peak_tflops
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.engine import Engine, build_engine
+from launcher.parallel.tensor import apply_tensor_parallel, check_divisible, head_range
+from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
+from model import GPT, build_attention, resolve_backend
+
+
+class StopRequested:
+    """Set by SIGINT/SIGTERM; the loop checks it at the end of each step, saves and returns."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C means: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              "(press Ctrl-C again to abort without saving)", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    status: str  # completed | interrupted | stopped (a guard fired)
+    steps: int
+    last_loss: float
+    run_dir: Path
+    message: str = ""
+
+
+@dataclass
+class StepResult:
+    """One optimizer step: its mean loss and gradient norm (over all ranks), and the guard's objection if any."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    problem: Optional[str] = None
+
+    @property
+    def applied(self) -> bool:
+        return self.problem is None
+
+
+def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup to lr, cosine to min_lr, then flat."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    decay_end = optim.decay_steps or max_steps
+    if step >= decay_end:
+        return optim.min_lr
+    progress = (step - optim.warmup_steps) / max(1, decay_end - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+class Guard:
+    """Flags non-finite loss or gradients, and (if configured) spikes above a factor x the running mean."""
+
+    def __init__(self, config: Config):
+        self.cfg = config.guard
+        self.loss_mean: Optional[float] = None
+        self.grad_mean: Optional[float] = None
+        self.good_steps = 0
+        self.bad_steps = 0
+
+    def check(self, loss: float, grad_norm: float) -> Optional[str]:
+        if not math.isfinite(loss):
+            return f"loss is {loss}"
+        if not math.isfinite(grad_norm):
+            return f"gradient norm is {grad_norm}"
+        if self.good_steps >= self.cfg.warmup_steps:
+            if self.cfg.loss_spike_factor and loss > self.cfg.loss_spike_factor * self.loss_mean:
+                return f"loss {loss:.4f} > {self.cfg.loss_spike_factor} x running mean {self.loss_mean:.4f}"
+            if self.cfg.grad_norm_spike_factor and grad_norm > self.cfg.grad_norm_spike_factor * self.grad_mean:
+                return f"gradient norm {grad_norm:.3g} > {self.cfg.grad_norm_spike_factor} x running mean {self.grad_mean:.3g}"
+        return None
+
+    def accept(self, loss: float, grad_norm: float) -> None:
+        decay = 0.95 if self.good_steps else 0.0  # running means over ~20 steps
+        self.loss_mean = loss if self.loss_mean is None else decay * self.loss_mean + (1 - decay) * loss
+        self.grad_mean = grad_norm if self.grad_mean is None else decay * self.grad_mean + (1 - decay) * grad_norm
+        self.good_steps += 1
+
+    def state_dict(self) -> dict:
+        return {"loss_mean": self.loss_mean, "grad_mean": self.grad_mean, "good_steps": self.good_steps,
+                "bad_steps": self.bad_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update({k: state[k] for k in ("loss_mean", "grad_mean", "good_steps", "bad_steps")})
+
+
+def autocast_factory(config: Config, device: torch.device, amax_group=None):
+    """Zero-arg callable returning the forward-pass precision context (BF16 autocast, plus FP8 for TE modules).
+    ``amax_group``: the ranks whose FP8 scaling factors are reduced together (tensor x data parallel)."""
+    dtype = config.precision.dtype
+    if dtype == "auto":
+        dtype = "bf16" if device.type == "cuda" else "fp32"
+
+    def context():
+        stack = contextlib.ExitStack()
+        if dtype == "bf16":
+            stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+        if config.precision.fp8_ffn:
+            from launcher.fp8 import fp8_context
+
+            stack.enter_context(fp8_context(config.precision, amax_group))
+        return stack
+
+    return context
+
+
+def open_data(config: Config, dims: ParallelDims) -> TokenData:
+    """Open the prepared data, preparing the embedded corpus on first use if the recipe points at it."""
+    data_dir = Path(config.data.data_dir)
+    if data_dir == Path(EMBEDDED_DATA_DIR) and not (data_dir / "meta.json").is_file():
+        if dims.is_logging_rank:
+            ensure_prepared(data_dir)
+        if dims.distributed:
+            dist.barrier()
+    data = TokenData.open(data_dir)
+    data.check_fits(config.data.seq_len)
+    return data
+
+
+def build_model(config: Config, dims: ParallelDims) -> tuple[GPT, int, float]:
+    """The model of this rank: the full single-device GPT from the run's seed, split, moved, FP8, checkpointed.
+    Also returns the full model's parameter count and training FLOPs per token (for MFU)."""
+    torch.manual_seed(config.run.seed)  # the same initial weights in every arm and every layout
+    model = GPT(config.model)
+    n_params, flops_per_token = model.num_parameters(), model.flops_per_token(config.data.seq_len)
+    apply_tensor_parallel(model, dims)
+    first_head, heads = head_range(config.model.n_head, dims)
+    model.set_attention(build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads))
+    model.to(dims.device)
+    if config.precision.fp8_ffn:
+        from launcher.fp8 import apply_fp8_ffn
+
+        apply_fp8_ffn(model, dims.device)
+    if config.parallel.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    return model, n_params, flops_per_token
+
+
+class Trainer:
+    """One arm of an experiment on one layout (see the module docstring)."""
+
+    def __init__(self, config: Config, dims: ParallelDims):
+        self.config, self.dims = config, dims
+        self.run_dir = config.run_dir
+        self.data = open_data(config, dims)
+        if config.model.vocab_size == 0:
+            config.model.vocab_size = self.data.vocab_size
+        elif config.model.vocab_size < self.data.vocab_size:
+            raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the data's vocabulary "
+                              f"({self.data.vocab_size}); set model.vocab_size=0 to take it from the data")
+        problems = check_divisible(config.model.n_head, config.model.ffn_mult * config.model.d_model,
+                                   config.model.vocab_size, dims.tp)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.backend = resolve_backend(config.attention, dims.device)
+        if self.backend == "triton" and dims.device.type != "cuda":
+            raise ConfigError("attention.backend=triton needs a CUDA GPU; use attention.backend=auto or reference on CPU")
+        self.model, self.n_params, flops_per_token = build_model(config, dims)
+
+        self.store = CheckpointStore(self.run_dir)
+        latest = self.store.latest() if config.checkpoint.resume else None
+        state = self.store.load(latest) if latest is not None else None
+        if state is not None:
+            check_fits(state, self.model, dims, latest)
+            load_parameters(self.model, state, dims)
+        self.engine: Engine = build_engine(self.model, config, dims, self.run_dir)
+        self.guard = Guard(config)
+        self.start_step = 0
+        if state is not None:
+            load_optimizer_state(self.engine, state, dims)
+            self.guard.load_state_dict(state["guard"])
+            set_rng_state(state["rng"][min(dims.rank, len(state["rng"]) - 1)])
+            self.start_step = state["step"]
+
+        self.schedule = BatchSchedule(self.data, config.run.seed, config.data.seq_len, config.data.global_batch_size,
+                                      config.data.micro_batch_size, dims.dp_rank, dims.dp,
+                                      config.data.replay_from or None)
+        self.autocast = autocast_factory(config, dims.device, dims.amax_group)
+        logging = dims.is_logging_rank
+        if logging:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        self.metrics = Metrics(self.run_dir, config.run.arm, logging, self.start_step, config.run.max_steps,
+                               config.data.global_batch_size * config.data.seq_len,
+                               flops_per_token, peak_tflops(config.run.peak_tflops, dims.device),
+                               dims.world_size)
+        if self.start_step:
+            self.metrics.print(f"resumed from {latest} at step {self.start_step}")
+        else:
+            self.metrics.text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
+        self.monitors = self._build_monitors(state)
+        self.recorder = OffsetRecorder(self.run_dir / "batch_offsets.bin", config.data.global_batch_size,
+                                       self.start_step) if logging else None
+
+    def _build_monitors(self, state: Optional[dict]):
+        config = self.config
+        if not (config.monitor.spectral_interval or config.monitor.probe_interval):
+            return None
+        from launcher.monitors import Monitors
+
+        probe_batch = windows(self.data.val, eval_offsets(len(self.data.val), config.data.seq_len,
+                                                          config.monitor.probe_batch_size), config.data.seq_len)
+        monitors = Monitors(config, self.model, tuple(t.to(self.dims.device) for t in probe_batch),
+                            self.metrics.writer, self.autocast, self.backend, self.dims, self.engine)
+        if state is not None and state.get("monitors") is not None:
+            monitors.load_state_dict(state["monitors"])
+        return monitors
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The seams
+
+    def train_step(self, step: int) -> StepResult:
+        """Optimizer step ``step`` (0-based) over this rank's micro-batches; the guard may veto the update, in which
+        case parameters and optimizer state are left exactly as they were."""
+        lr = lr_at(step, self.config.optim, self.config.run.max_steps)
+        device = self.dims.device
+        micro = [(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                 for x, y in self.schedule.micro_batches(step)]
+        loss = self.engine.forward_backward(micro, self.autocast)
+        if self.dims.dp > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dims.dp_group)
+        grad_norm = self.engine.grad_norm()  # global, identical on every rank
+        loss_value = loss.item()
+        problem = self.guard.check(loss_value, grad_norm)
+        self.engine.step(lr, apply=problem is None)
+        if problem is None:
+            self.guard.accept(loss_value, grad_norm)
+        else:
+            self.guard.bad_steps += 1
+        return StepResult(loss_value, grad_norm, lr, problem)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss on the fixed validation windows; each data-parallel rank takes an equal contiguous share."""
+        config, dims = self.config, self.dims
+        mb, seq_len = config.data.micro_batch_size, config.data.seq_len
+        offsets = eval_offsets(len(self.data.val), seq_len, config.eval.batches * mb)
+        mine = np.array_split(offsets, dims.dp)[dims.dp_rank]
+        total = torch.zeros(2, device=dims.device, dtype=torch.float64)
+        self.model.eval()
+        for i in range(0, len(mine), mb):
+            x, y = windows(self.data.val, mine[i:i + mb], seq_len)
+            with self.autocast():
+                _, loss = self.model(x.to(dims.device), y.to(dims.device))
+            total += torch.stack([loss.double() * len(x), torch.tensor(float(len(x)), device=dims.device,
+                                                                       dtype=torch.float64)])
+        self.model.train()
+        if dims.dp > 1:
+            dist.all_reduce(total, group=dims.dp_group)
+        return (total[0] / total[1]).item()
+
+    def save_checkpoint(self, step: int) -> None:
+        """Collective: every rank contributes its shards; the logging rank writes one file."""
+        training = gather_training_state(self.engine, self.dims)
+        monitors = self.monitors.state_dict() if self.monitors is not None else None
+        rngs = distributed.gather_objects(rng_state(), self.dims)
+        if training is not None:
+            training.update(step=step, guard=self.guard.state_dict(), monitors=monitors, rng=rngs,
+                            layout=self.dims.describe(), config=self.config.to_dict())
+            self.store.save(step, training)
+
+    def fit(self) -> ArmResult:
+        """Train to run.max_steps, or until interrupted or stopped by the guard."""
+        config, metrics = self.config, self.metrics
+        max_steps = config.run.max_steps
+        metrics.print(f"{self.n_params / 1e6:.2f}M parameters | attention {self.backend} "
+                      f"{config.attention.numerics} | {self.dims.describe()} on {self.dims.device.type}, "
+                      f"{self.engine.describe()} | {self.schedule.accum_steps} accumulation step(s) | "
+                      f"{config.data.global_batch_size * config.data.seq_len:,} tokens/step | logs in {self.run_dir}")
+        last_loss = float("nan")
+        status, message = "completed", ""
+        step = self.start_step
+        metrics.restart_clock()
+        with StopRequested() as stop:
+            while step < max_steps:
+                result = self.train_step(step)
+                step += 1
+                if self.recorder is not None:
+                    self.recorder.record(self.schedule.offsets(step - 1))
+                if not result.applied:
+                    self._report_bad_step(step, result)
+                    if config.guard.action == "stop":
+                        status, message = "stopped", f"stopped at step {step}: {result.problem}"
+                        break
+                    # skip: the update was dropped; evaluation, checkpointing and the stop check below still run
+                else:
+                    last_loss = result.loss
+                    if self.monitors is not None:
+                        self.monitors.after_step(step)
+                    metrics.train_step(step, result.loss, result.lr, result.grad_norm, config.run.log_interval)
+                if config.eval.interval and (step % config.eval.interval == 0 or step == max_steps):
+                    metrics.eval_loss(step, self.evaluate())
+                    metrics.restart_clock()  # evaluation time is not training throughput
+                interrupted = distributed.any_rank(stop.requested, self.dims)
+                due = config.checkpoint.interval and step % config.checkpoint.interval == 0
+                if due or interrupted or step == max_steps:
+                    self.save_checkpoint(step)
+                    metrics.restart_clock()
+                if interrupted:
+                    status, message = "interrupted", f"interrupted at step {step}; the same command resumes"
+                    break
+        metrics.close()
+        if step == self.start_step and status == "completed":
+            message = "already complete; nothing to train (use another run.experiment or a larger run.max_steps)"
+        overhead = f", monitors {self.monitors.overhead_s:.1f}s" if self.monitors is not None else ""
+        metrics.print(f"{status} at step {step}{overhead}{': ' + message if message else ''}")
+        return ArmResult(config.run.arm, status, step, last_loss, self.run_dir, message)
+
+    def _report_bad_step(self, step: int, result: StepResult) -> None:
+        self.metrics.bad_steps(step, self.guard.bad_steps)
+        if not self.dims.is_logging_rank:
+            return
+        latest = self.store.latest()
+        self.metrics.print(f"BAD STEP {step}: {result.problem} (loss {result.loss}, grad norm {result.grad_norm}); "
+                           f"the update was not applied and nothing was saved. Last good checkpoint: "
+                           f"{latest or 'none yet'}")
+        details = self.monitors.last_values() if self.monitors is not None else {}
+        if details:
+            dump = self.run_dir / f"bad_step_{step:08d}.yaml"
+            dump.write_text(yaml.safe_dump({"step": step, "problem": result.problem, "loss": result.loss,
+                                            "grad_norm": result.grad_norm,
+                                            "monitors_last_values": {k: float(v) for k, v in details.items()}}))
+            self.metrics.print(f"monitors' last values written to {dump}")
+
+
+def train_arm(config: Config, dims: ParallelDims) -> ArmResult:
+    """Build the arm's trainer and run it."""
+    return Trainer(config, dims).fit()
