@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Optional
 
@@ -65,7 +66,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             write_report(configs[0].run_dir.parent)  # prints its summary and the report's path
     except (ConfigError, DataError, CompareError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank validates the same input: say it once
+            print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("aborted without saving; the last checkpoint is intact", file=sys.stderr)

@@ -210,8 +210,9 @@ class Monitors:
         return values.to_dict()
 
     def _gather_heads(self, local: dict) -> dict:
-        """{key: this rank's per-head (local_heads,) tensor} -> {key: all heads (n_head,)}, in one collective."""
-        if self.dims.tp == 1 or not local:
+        """{key: this rank's per-head (local_heads,) tensor} -> {key: all heads (n_head,) in FP64}, in one collective
+        (FP64 with one process too, so that layer aggregates are computed alike under every layout)."""
+        if not local:
             return local
         keys = list(local)
         stacked = torch.stack([local[k].double() for k in keys], dim=1)  # (local_heads, K)

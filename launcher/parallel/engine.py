@@ -279,13 +279,16 @@ class ZeroEngine(Engine):
     def load_optimizer_state(self, states, adam_step):
         from deepspeed.utils import safe_set_full_optimizer_state
 
-        # The flat partitions get their Adam state lazily at the first step; create it (zeros, the right step count)
-        # through the inner optimizer's load_state_dict, then let DeepSpeed map each parameter onto its fragments.
+        # The flat FP32 partitions get their Adam state lazily at the first update. Create it as torch's AdamW does
+        # (zero moments; the step count on the device only for the fused/capturable variants), then let DeepSpeed
+        # copy each parameter's moments into its fragments of the partitions.
         inner = self._inner()
-        flat = [p for g in inner.param_groups for p in g["params"]]
-        state = {i: {"step": torch.tensor(float(adam_step)), **{k: torch.zeros_like(p) for k in ADAM_STATE_KEYS}}
-                 for i, p in enumerate(flat)}
-        inner.load_state_dict({"state": state, "param_groups": inner.state_dict()["param_groups"]})
+        on_device = bool(inner.defaults.get("fused") or inner.defaults.get("capturable"))
+        flats = self.optimizer.fp32_partitioned_groups_flat if self.stage == 3 \
+            else self.optimizer.single_partition_of_fp32_groups
+        for flat in flats:
+            step = torch.tensor(float(adam_step), dtype=torch.float32, device=flat.device if on_device else "cpu")
+            inner.state[flat] = {"step": step, **{k: torch.zeros_like(flat) for k in ADAM_STATE_KEYS}}
         self._link_moments()
         for name, param in named_parameters(self.model):
             for key in ADAM_STATE_KEYS:

@@ -8,7 +8,7 @@ import torch
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import train_arm
-from tests.unit.test_train import scalars
+from tests.runs import scalars
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,6 @@
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,12 @@ from launcher import compare
 from launcher.config import Config
 from launcher.monitors import Monitors
 from model import GPT, GPTConfig, build_attention
+from tests.runs import free_port
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 STARTUP_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(port: int, path: str, **query):

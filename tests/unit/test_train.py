@@ -8,19 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import lr_at, train_arm
+from tests.runs import scalars
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
 
 
 def cli(args, env_extra=None, **kw):

@@ -1,0 +1,87 @@
+"""Worker (run under torchrun by test_layouts.py): under every tensor-parallel degree that divides the world size,
+
+- the model each rank builds is exactly its slice of the single-process model, before and after an engine wraps it;
+- the monitors on those identical weights log the single-process tags, with the same values: spectral norms of the
+  gathered matrices exactly; every per-head statistic of layer 0 (whose q and k are bit-identical under any layout)
+  to 1e-6, which tells the heads apart, so they must come in global head order; the rest within the rounding of the
+  layouts' all-reduces.
+
+Prints one line per layout and check; exits 1 on the first mismatch."""
+
+import contextlib
+import math
+import sys
+
+import torch
+
+from launcher import distributed
+from launcher.checkpoint import gather_training_state
+from launcher.config import load_config
+from launcher.monitors import Monitors
+from launcher.parallel import dims as parallel_dims
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.engine import build_engine
+from launcher.trainer import build_model
+from model import GPT, build_attention
+
+
+def monitor_values(config, model, probe, dims=None, engine=None) -> dict[str, float]:
+    monitors = Monitors(config, model, probe, None, contextlib.nullcontext, "reference", dims, engine)
+    return {k: v for k, v in monitors.after_step(1).items() if not k.startswith("monitor/")}
+
+
+def disagreements(got: dict[str, float], want: dict[str, float]) -> list[str]:
+    if set(got) != set(want):
+        return sorted(set(got) ^ set(want))[:5]
+    bad = []
+    for tag, value in want.items():
+        if tag.startswith("spectral/"):
+            ok = got[tag] == value
+        elif tag.startswith("attn/L00/"):  # score matmuls of another batch shape may round the last bit otherwise
+            ok = math.isclose(got[tag], value, rel_tol=1e-6)
+        else:
+            ok = math.isclose(got[tag], value, rel_tol=1e-3, abs_tol=1e-5)
+        if not ok and not tag.startswith("delta_bias/L01"):  # dO of the last layer's delta bias: rounding noise
+            bad.append(f"{tag}: {got[tag]} vs {value}")
+    return bad
+
+
+def main() -> int:
+    world = distributed.world_size_from_env()
+    base = distributed.init("cpu")
+    overrides = ["model.vocab_size=2048", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
+                 "model.max_seq_len=64", "data.seq_len=64", "data.global_batch_size=8", "data.micro_batch_size=1",
+                 "precision.dtype=fp32"]
+    torch.manual_seed(1)  # the trainer must not depend on the global RNG state it finds
+    config = load_config("smoke", overrides, arm="fixed", world_size=world)
+    torch.manual_seed(config.run.seed)
+    single = GPT(config.model, build_attention(config.attention, base.device))
+    reference = {n: p.detach().clone() for n, p in single.named_parameters()}
+    tokens = torch.randint(0, config.model.vocab_size, (2, 65), generator=torch.Generator().manual_seed(0))
+    probe = (tokens[:, :-1], tokens[:, 1:])
+    expected = monitor_values(config, single, probe) if base.rank == 0 else None
+    for tp in (t for t in (1, 2, 4) if world % t == 0 and config.model.n_head % t == 0):
+        config.parallel.tensor_parallel = tp
+        dims = parallel_dims.build(config.parallel, world, base.rank, base.local_rank, base.device)
+        model, _, _ = build_model(config, dims)
+        engine = build_engine(model, config, dims)
+        full = gather_training_state(engine, dims)
+        values = monitor_values(config, model, probe, dims, engine)
+        if dims.is_logging_rank:
+            layout = f"tp={tp} x dp={dims.dp}"
+            bad = [n for n, t in reference.items() if not torch.equal(full["model"][n], t)]
+            if bad or set(full["model"]) != set(reference):
+                print(f"{layout}: differs from the single-process model in {bad or 'names'}", flush=True)
+                return 1
+            print(f"{layout}: initial weights identical to the single-process model", flush=True)
+            bad = disagreements(values, expected)
+            if bad:
+                print(f"{layout}: monitors differ: {bad[:5]}", flush=True)
+                return 1
+            print(f"{layout}: monitors agree with the single-process model ({len(values)} tags)", flush=True)
+    distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
