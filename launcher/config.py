@@ -153,6 +153,8 @@ class CheckpointConfig:
 
     interval: int = 1000
     """Save every this many optimizer steps (and at the end, and on SIGINT/SIGTERM); 0 saves only then."""
+    enabled: bool = True
+    """false: never write a checkpoint (benchmarks; an interrupted run then starts over)."""
     resume: bool = True
     """Resume from the arm's latest checkpoint when one exists."""
 

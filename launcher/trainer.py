@@ -273,6 +273,9 @@ class Trainer:
         grad_norm = self.engine.grad_norm()  # global, identical on every rank
         loss_value = loss.item()
         problem = self.guard.check(loss_value, grad_norm)
+        # Every rank must drop the same steps, or the replicas' weights part ways: one objection drops it everywhere.
+        if distributed.any_rank(problem is not None, self.dims) and problem is None:
+            problem = "the guard of another rank rejected this step"
         self.engine.step(lr, apply=problem is None)
         if problem is None:
             self.guard.accept(loss_value, grad_norm)
@@ -344,7 +347,7 @@ class Trainer:
                     metrics.restart_clock()  # evaluation time is not training throughput
                 interrupted = distributed.any_rank(stop.requested, self.dims)
                 due = config.checkpoint.interval and step % config.checkpoint.interval == 0
-                if due or interrupted or step == max_steps:
+                if config.checkpoint.enabled and (due or interrupted or step == max_steps):
                     self.save_checkpoint(step)
                     metrics.restart_clock()
                 if interrupted:

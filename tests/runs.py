@@ -39,7 +39,8 @@ def free_port() -> int:
 
 def launcher_env() -> dict[str, str]:
     # one thread per process: the CPU tests start several processes on few cores
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    # faulthandler: a worker killed by a signal prints its Python stack
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def launch(args: list[str], nproc: int = 1, module: str = "launcher.pretrain", timeout: int = 600,
@@ -53,7 +54,10 @@ def launch(args: list[str], nproc: int = 1, module: str = "launcher.pretrain", t
     proc = subprocess.run(cmd, cwd=REPO, env=launcher_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         # the workers' own errors come before torchrun's summary: keep the lines that say what went wrong
-        said = [line for line in proc.stderr.splitlines() if any(w in line for w in ("rror", "abort", "terminate"))]
+        lines = proc.stderr.splitlines()
+        fatal = next((i for i, line in enumerate(lines) if "Fatal Python error" in line), None)
+        said = lines[fatal:fatal + 40] if fatal is not None else \
+            [line for line in lines if any(w in line for w in ("rror", "abort", "terminate"))]
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n{proc.stdout[-4000:]}\n"
                              + "\n".join(said[:40]) + f"\n...\n{proc.stderr[-2000:]}")
     return proc

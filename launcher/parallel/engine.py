@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.config import Config
+from launcher.config import Config, ConfigError
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.tensor import shard_of
 
@@ -184,7 +184,11 @@ class ZeroEngine(Engine):
     """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel)."""
 
     def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
-        import deepspeed
+        try:
+            import deepspeed
+        except ImportError as err:
+            raise ConfigError(f"parallel.zero_stage={config.parallel.zero_stage} needs DeepSpeed ({err}); install this "
+                              "package again (pip install -e .) or set parallel.zero_stage=0") from None
 
         self.model, self.dims, self.config = model, dims, config
         self.stage = config.parallel.zero_stage
@@ -214,28 +218,31 @@ class ZeroEngine(Engine):
 
     def grad_norm(self) -> float:
         # The optimizer's own norm over its gradient partitions (all-reduced over data and tensor parallel), computed
-        # before the update so that the guard can veto it; step() computes it again when it clips.
+        # before the update so that the guard can veto it; step() computes it again when it clips. DeepSpeed reports
+        # a NaN/inf norm as inf.
+        from deepspeed.runtime.utils import combine_grad_norm_groups
+
         opt = self.optimizer
-        if self.stage == 3:
-            norm = torch.linalg.vector_norm(torch.stack(opt._get_norm_groups()))
-        else:
-            norm = opt.scaled_global_norm()
+        norm = combine_grad_norm_groups(opt._get_norm_groups()) if self.stage == 3 else opt.scaled_global_norm()
         return float(norm)
 
     def step(self, lr: float, apply: bool) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if apply:
-            self.ds.step()
-            return
-        # DeepSpeed's own path for a step it must not apply (its fp16 overflow handling): with the flag set, the ZeRO
-        # optimizer frees the reduced gradients and returns before touching parameters or moments, and the engine
-        # counts a skipped step. In FP32 mode it never sets the flag itself, so it stays ours to raise and lower.
-        self.optimizer.overflow = True
-        try:
-            self.ds.step()
-        finally:
-            self.optimizer.overflow = False
+        if not apply:
+            self._poison_gradients()
+        self.ds.step()
+
+    def _poison_gradients(self) -> None:
+        """Make DeepSpeed drop this step. Its optimizer skips any update whose gradient norm is not finite (the path
+        of fp16 overflow: gradients freed, parameters and Adam moments untouched, the step counted as skipped), so a
+        NaN in this rank's gradient partition drops the step on every rank (the norm is all-reduced). A step with NaN
+        gradients is dropped by DeepSpeed anyway; this also drops the finite ones the guard rejects (spikes)."""
+        for grads in self.optimizer.averaged_gradients.values():
+            for grad in grads or ():
+                if grad is not None and grad.numel():
+                    grad.view(-1)[0] = float("nan")
+                    return
 
     def gathered(self, params):
         if self.stage != 3:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
@@ -136,3 +137,18 @@ def test_guard_skip_drops_the_update_and_goes_on(tiny_overrides, monkeypatch, ba
     assert scalars(result.run_dir, "guard/bad_steps") == {bad_step: 1.0}
     # a skipped last step still ends with the final checkpoint (of the last good state)
     assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000006.pt"
+
+
+def test_activation_checkpointing_changes_no_bit(tiny_overrides):
+    """Recomputing each block in the backward gives the same FP32 losses and monitor values, and its checkpoints use
+    the model's own parameter names (a run with it resumes one without it)."""
+    runs = {}
+    for on in (False, True):
+        config = load_config("smoke", tiny_overrides + [f"parallel.activation_checkpointing={on}",
+                                                        f"run.experiment=ac_{on}", "monitor.spectral_interval=3",
+                                                        "monitor.probe_interval=3"])
+        runs[on] = train_arm(config, ParallelDims()).run_dir
+    for tag in ("train/loss", "spectral/L01/wq", "attn/L01/tie_rate"):
+        assert scalars(runs[True], tag) == scalars(runs[False], tag) != {}
+    ckpt = torch.load(runs[True] / "checkpoints" / "step_00000006.pt", map_location="cpu", weights_only=False)
+    assert "blocks.0.attn.q_proj.weight" in ckpt["model"]
