@@ -77,6 +77,8 @@ class Metrics:
             self.writer.add_scalar(tag, value, step)
         if not math.isnan(mfu):
             self.writer.add_scalar(tags.MFU, mfu, step)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # this process's GPU, the peak since start
+            self.writer.add_scalar(tags.MAX_MEMORY_GB, torch.cuda.max_memory_allocated() / 2**30, step)
         mfu_text = f"{100 * mfu:.1f}%" if not math.isnan(mfu) else "n/a"
         self.print(f"step {step:>6}/{self.max_steps} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.3f} | "
                    f"{tok_s:,.0f} tok/s | MFU {mfu_text} | {elapsed / steps:.3f} s/step")

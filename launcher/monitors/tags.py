@@ -43,6 +43,7 @@ EVAL_LOSS = "eval/loss"
 TOKENS_PER_S = "perf/tokens_per_s"
 STEP_TIME_S = "perf/step_time_s"
 MFU = "perf/mfu"
+MAX_MEMORY_GB = "perf/max_memory_gb"
 GUARD_BAD_STEPS = "guard/bad_steps"
 
 # Cost of the monitors themselves (seconds of one call of that part).

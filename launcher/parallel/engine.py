@@ -181,7 +181,12 @@ class LocalEngine(Engine):
 
 
 class ZeroEngine(Engine):
-    """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel)."""
+    """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel).
+
+    Besides DeepSpeed's public API (initialize, backward, step, GatheredParameters, the safe_get/set_full_* tensor
+    accessors) it uses a few attributes of the ZeRO optimizer: its gradient-norm functions and gradient partitions
+    (the guard's veto) and its flat FP32 partitions (restoring Adam state). deepspeed is pinned (pyproject.toml), and
+    tests/distributed fails if any of these changes meaning."""
 
     def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
         try:
