@@ -58,8 +58,12 @@ def init(requested_device: str = "auto", parallel: ParallelConfig | None = None)
     return parallel_dims.build(parallel or ParallelConfig(), world, rank, local_rank, device)
 
 
-def shutdown() -> None:
+def shutdown(wait_for_all: bool = False) -> None:
+    """Destroy the process groups. ``wait_for_all`` (after a normal end): first wait until every rank is done, so that
+    none tears its groups down while another still uses them. Not after an error: the other ranks may never come."""
     if dist.is_initialized():
+        if wait_for_all:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -65,6 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             from launcher.compare import write_report
 
             write_report(configs[0].run_dir.parent)  # prints its summary and the report's path
+        distributed.shutdown(wait_for_all=True)
     except (ConfigError, DataError, CompareError) as err:
         if int(os.environ.get("RANK", "0")) == 0:  # every rank validates the same input: say it once
             print(f"error: {err}", file=sys.stderr)

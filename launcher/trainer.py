@@ -31,7 +31,7 @@ from launcher.config import Config, ConfigError, OptimConfig
 from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
 from launcher.metrics import Metrics, peak_tflops
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import Engine, build_engine
+from launcher.parallel.engine import Engine, autocast_dtype, build_engine
 from launcher.parallel.tensor import apply_tensor_parallel, check_divisible, head_range
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from model import GPT, build_attention, resolve_backend
@@ -135,9 +135,7 @@ class Guard:
 def autocast_factory(config: Config, device: torch.device, amax_group=None):
     """Zero-arg callable returning the forward-pass precision context (BF16 autocast, plus FP8 for TE modules).
     ``amax_group``: the ranks whose FP8 scaling factors are reduced together (tensor x data parallel)."""
-    dtype = config.precision.dtype
-    if dtype == "auto":
-        dtype = "bf16" if device.type == "cuda" else "fp32"
+    dtype = autocast_dtype(config, device)
 
     def context():
         stack = contextlib.ExitStack()
@@ -270,13 +268,16 @@ class Trainer:
         loss = self.engine.forward_backward(micro, self.autocast)
         if self.dims.dp > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dims.dp_group)
-        grad_norm = self.engine.grad_norm()  # global, identical on every rank
         loss_value = loss.item()
-        problem = self.guard.check(loss_value, grad_norm)
-        # Every rank must drop the same steps, or the replicas' weights part ways: one objection drops it everywhere.
-        if distributed.any_rank(problem is not None, self.dims) and problem is None:
-            problem = "the guard of another rank rejected this step"
-        self.engine.step(lr, apply=problem is None)
+
+        def veto(grad_norm: float) -> Optional[str]:
+            problem = self.guard.check(loss_value, grad_norm)
+            # Every rank must drop the same steps, or the replicas part ways: one objection drops it everywhere.
+            if distributed.any_rank(problem is not None, self.dims) and problem is None:
+                problem = "the guard of another rank rejected this step"
+            return problem
+
+        grad_norm, problem = self.engine.step(lr, veto)  # the global norm, identical on every rank
         if problem is None:
             self.guard.accept(loss_value, grad_norm)
         else:
@@ -354,6 +355,7 @@ class Trainer:
                     status, message = "interrupted", f"interrupted at step {step}; the same command resumes"
                     break
         metrics.close()
+        self.engine.close()
         if step == self.start_step and status == "completed":
             message = "already complete; nothing to train (use another run.experiment or a larger run.max_steps)"
         overhead = f", monitors {self.monitors.overhead_s:.1f}s" if self.monitors is not None else ""

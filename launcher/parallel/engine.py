@@ -2,21 +2,23 @@
 
 The trainer calls, per optimizer step::
 
-    loss = engine.forward_backward(micro_batches)   # gradients of the step, reduced over data-parallel ranks
-    norm = engine.grad_norm()                       # global norm over every shard, before clipping
-    engine.step(lr, apply=guard_says_ok)            # clip and update, or drop the gradients untouched
+    loss = engine.forward_backward(micro_batches, autocast)   # gradients, reduced over data-parallel ranks
+    grad_norm, problem = engine.step(lr, veto)                # veto(grad_norm) -> None, or why not to update
 
-so a bad step (NaN, spike) is seen before any optimizer state changes. Checkpoints go through
-:meth:`Engine.full_parameter` / :meth:`Engine.full_optimizer_state` (per parameter, data-parallel shards assembled)
-and :meth:`Engine.load_optimizer_state`, which is what lets a checkpoint outlive its layout (launcher/checkpoint.py).
+``veto`` (the trainer's guard) is consulted once the global gradient norm is known and before anything is updated:
+on an objection, parameters and optimizer state stay exactly as they were and the gradients are dropped.
+Checkpoints go through :meth:`Engine.full_parameter` / :meth:`Engine.full_optimizer_state` (per parameter,
+data-parallel shards assembled) and :meth:`Engine.load_optimizer_state`, which is what lets a checkpoint outlive its
+layout (launcher/checkpoint.py).
 
 - :class:`LocalEngine`: one process, or DDP over the data-parallel group (``parallel.zero_stage=0``); AdamW
   from torch; the gradient norm sums split parameters over the tensor-parallel group.
 - :class:`ZeroEngine`: DeepSpeed ZeRO stage 1, 2 or 3 over the data-parallel group (the tensor-parallel group is
-  handed to DeepSpeed as its "mpu"). Same torch AdamW, FP32 parameters and FP32 optimizer state; BF16 (or FP32)
-  autocast is entered by the trainer around the forward, as in the local engine. DeepSpeed's ``bf16`` mode is not
-  used: it keeps BF16 weights and runs the whole forward in BF16, which is not the paper's setting (FP32 master
-  weights, BF16 autocast) and would change the numerics the experiment compares.
+  handed to DeepSpeed as its "mpu"). The same torch AdamW; FP32 parameters, gradients, gradient reduction and Adam
+  state; BF16 autocast in the forward. That is DeepSpeed's ``torch_autocast`` mode with no module allowed to reduce
+  its gradients in BF16 (``lower_precision_safe_modules: []``). DeepSpeed's ``bf16`` mode is not used: it keeps BF16
+  weights and runs the whole forward in BF16, which is not the paper's setting (FP32 master weights, BF16 autocast)
+  and would change the numerics the experiment compares.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from launcher.parallel.tensor import shard_of
 
 ADAM_STATE_KEYS = ("exp_avg", "exp_avg_sq")
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # inserted by torch's activation-checkpoint wrapper
+
+
+def autocast_dtype(config: Config, device: torch.device) -> str:
+    """The forward's autocast dtype: precision.dtype, with auto = bf16 on a GPU and fp32 on a CPU (BF16 is slower
+    than FP32 on the CPUs this recipe runs its tests on)."""
+    dtype = config.precision.dtype
+    return ("bf16" if device.type == "cuda" else "fp32") if dtype == "auto" else dtype
 
 
 def param_name(name: str) -> str:
@@ -86,10 +95,9 @@ class Engine:
         """Forward and backward of this rank's micro-batches; returns their mean loss (a 0-d tensor, this rank)."""
         raise NotImplementedError
 
-    def grad_norm(self) -> float:
-        raise NotImplementedError
-
-    def step(self, lr: float, apply: bool) -> None:
+    def step(self, lr: float, veto: Callable[[float], Optional[str]]) -> tuple[float, Optional[str]]:
+        """Clip and apply this step's gradients at learning rate ``lr`` unless ``veto(global gradient norm)`` objects;
+        returns (the norm, the objection or None). Every rank must get the same answer from ``veto``."""
         raise NotImplementedError
 
     def gathered(self, params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
@@ -115,6 +123,9 @@ class Engine:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the engine holds (hooks, communication buffers) before the process groups go."""
+
 
 class LocalEngine(Engine):
     """Single process, or DDP over the data-parallel group; torch AdamW."""
@@ -129,7 +140,6 @@ class LocalEngine(Engine):
             device_ids = [dims.device.index] if dims.device.type == "cuda" else None
             wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, process_group=dims.dp_group)
         self.wrapped = torch.compile(wrapped) if config.run.compile else wrapped
-        self._norm: Optional[torch.Tensor] = None
 
     def describe(self) -> str:
         return "DDP" if self.ddp else "single replica"
@@ -147,19 +157,18 @@ class LocalEngine(Engine):
             loss_sum += loss.detach()
         return loss_sum / n
 
-    def grad_norm(self) -> float:
-        self._norm = tensor_parallel_grad_norm(self.params, self.dims)
-        return self._norm.item()
-
-    def step(self, lr: float, apply: bool) -> None:
-        if apply:
+    def step(self, lr, veto):
+        norm = tensor_parallel_grad_norm(self.params, self.dims)
+        problem = veto(norm.item())
+        if problem is None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             clip = self.config.optim.grad_clip
             if clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(self.params, clip, self._norm)
+                torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return norm.item(), problem
 
     def full_optimizer_state(self, param):
         state = self.optimizer.state.get(param)
@@ -212,6 +221,9 @@ class ZeroEngine(Engine):
     def describe(self) -> str:
         return f"DeepSpeed ZeRO-{self.stage}"
 
+    def close(self) -> None:
+        self.ds.destroy()
+
     def forward_backward(self, micro_batches, autocast):
         loss_sum = torch.zeros((), device=self.dims.device)
         for x, y in micro_batches:
@@ -221,33 +233,33 @@ class ZeroEngine(Engine):
             loss_sum += loss.detach()
         return loss_sum / len(micro_batches)
 
-    def grad_norm(self) -> float:
-        # The optimizer's own norm over its gradient partitions (all-reduced over data and tensor parallel), computed
-        # before the update so that the guard can veto it; step() computes it again when it clips. DeepSpeed reports
-        # a NaN/inf norm as inf.
-        from deepspeed.runtime.utils import combine_grad_norm_groups
-
-        opt = self.optimizer
-        norm = combine_grad_norm_groups(opt._get_norm_groups()) if self.stage == 3 else opt.scaled_global_norm()
-        return float(norm)
-
-    def step(self, lr: float, apply: bool) -> None:
+    def step(self, lr, veto):
+        # DeepSpeed's step computes the global gradient norm (over its partitions, all-reduced over data and tensor
+        # parallel), clips, then calls the inner torch optimizer once per partition group. The veto is consulted at
+        # the first of those calls, when the norm is known and nothing has been updated yet; on an objection no group
+        # is updated (the partitions, unchanged, are gathered back into the parameters as usual). A step whose norm
+        # is not finite never reaches the inner optimizer: DeepSpeed drops it itself (its fp16-overflow path), and the
+        # veto is then asked about that norm afterwards, so that the guard still counts and reports it.
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if not apply:
-            self._poison_gradients()
-        self.ds.step()
+        decision: dict[str, Optional[str]] = {}
+        inner = self._inner()
+        update = inner.step
 
-    def _poison_gradients(self) -> None:
-        """Make DeepSpeed drop this step. Its optimizer skips any update whose gradient norm is not finite (the path
-        of fp16 overflow: gradients freed, parameters and Adam moments untouched, the step counted as skipped), so a
-        NaN in this rank's gradient partition drops the step on every rank (the norm is all-reduced). A step with NaN
-        gradients is dropped by DeepSpeed anyway; this also drops the finite ones the guard rejects (spikes)."""
-        for grads in self.optimizer.averaged_gradients.values():
-            for grad in grads or ():
-                if grad is not None and grad.numel():
-                    grad.view(-1)[0] = float("nan")
-                    return
+        def guarded_update(*args, **kwargs):
+            if "problem" not in decision:
+                decision["problem"] = veto(float(self.optimizer._global_grad_norm))
+            return update(*args, **kwargs) if decision["problem"] is None else None
+
+        inner.step = guarded_update
+        try:
+            self.ds.step()
+        finally:
+            del inner.step  # back to the class's method
+        norm = float(self.ds.get_global_grad_norm())
+        if "problem" not in decision:  # dropped by DeepSpeed: a NaN/inf gradient norm
+            decision["problem"] = veto(norm)
+        return norm, decision["problem"]
 
     def gathered(self, params):
         if self.stage != 3:
@@ -316,7 +328,10 @@ def deepspeed_config(config: Config, dims: ParallelDims) -> dict:
         "train_micro_batch_size_per_gpu": data.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": config.optim.grad_clip,
-        # No "bf16"/"fp16" section: FP32 parameters, gradients and optimizer state (see the module docstring).
+        # No "bf16"/"fp16" section: FP32 parameters, gradients and optimizer state (see the module docstring). The
+        # engine's forward runs in torch autocast only if this section enables it (it disables an outer one).
+        "torch_autocast": {"enabled": autocast_dtype(config, dims.device) == "bf16", "dtype": "bfloat16",
+                           "lower_precision_safe_modules": []},
         "zero_optimization": {"stage": config.parallel.zero_stage},
         "steps_per_print": 2**31 - 1,  # the trainer prints progress
         "wall_clock_breakdown": False,
