@@ -226,11 +226,15 @@ class ZeroEngine(Engine):
 
     def forward_backward(self, micro_batches, autocast):
         loss_sum = torch.zeros((), device=self.dims.device)
-        for x, y in micro_batches:
+        for i, (x, y) in enumerate(micro_batches):
             with autocast():
                 _, loss = self.forward(x, y)
             self.ds.backward(loss)  # DeepSpeed divides by the accumulation steps and reduces at the last one
             loss_sum += loss.detach()
+            if i < len(micro_batches) - 1:
+                # DeepSpeed counts micro-batches in step(): before the last one it only advances the count, so that
+                # the last backward is the accumulation boundary; the boundary's step() is self.step()
+                self.ds.step()
         return loss_sum / len(micro_batches)
 
     def step(self, lr, veto):

@@ -19,7 +19,8 @@ BAD_STEP = 3
 ])
 def test_a_bad_step_on_one_rank_is_dropped_everywhere(tiny_overrides, tmp_path, nproc, overrides, kind):
     common = ["smoke", "--arm", "baseline", *tiny_overrides, "model.n_head=2", "guard.action=skip",
-              "guard.warmup_steps=2", "guard.loss_spike_factor=10", "run.max_steps=6", "optim.decay_steps=6"]
+              "guard.warmup_steps=2", "guard.loss_spike_factor=10", "run.max_steps=6", "optim.decay_steps=6",
+              "data.global_batch_size=8"]  # 2 micro-batches per rank
     launch([kind, str(BAD_STEP), "0", *common, "run.experiment=single"], module="tests.distributed.nan_worker")
     launch([kind, str(BAD_STEP), "1", *common, *overrides, "run.experiment=layout"], nproc,
            module="tests.distributed.nan_worker")

@@ -1,5 +1,6 @@
 """Every layout reproduces the single-process run (CPU, gloo, torchrun workers): tensor parallel 2, data parallel 2
-under ZeRO 1, 2 and 3, and tensor x data parallel 2 x 2 (DDP and ZeRO-2).
+under ZeRO 1, 2 and 3, and tensor x data parallel 2 x 2 (DDP and ZeRO-2), each with gradient accumulation (2
+micro-batches per rank and step; 4 with one process).
 
 The smoke model shrunk to seconds, FP32, the fixed arm (paper rounding with the safe dynamic_max fix, whose per-row
 shift depends on the global head index). Each layout trains steps 1-6, stops, and resumes to step 10 from its own
@@ -36,7 +37,7 @@ def out_dir(tmp_path_factory):
 def common(kjv_data, out_dir) -> list[str]:
     return ["smoke", "--arm", "fixed", "--no-report", f"data.data_dir={kjv_data}", f"run.out_dir={out_dir}",
             "run.log_interval=1", "model.n_layer=2", "model.d_model=64", "model.n_head=2", "model.max_seq_len=64",
-            "data.seq_len=64", "data.global_batch_size=4", "data.micro_batch_size=2", "optim.warmup_steps=2",
+            "data.seq_len=64", "data.global_batch_size=8", "data.micro_batch_size=2", "optim.warmup_steps=2",
             f"optim.decay_steps={STEPS}", "eval.interval=5", "eval.batches=2", "monitor.spectral_interval=5",
             "monitor.probe_interval=5", f"checkpoint.interval={FIRST_LEG}", "precision.dtype=fp32"]
 
