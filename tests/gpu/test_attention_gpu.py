@@ -1,7 +1,7 @@
 """The Triton kernel on a CUDA GPU: accuracy of every mode against fp64 and the reference, bit-level agreement where
 designed, the fixes' safety under the GPU's approximate exp2 and flush-to-zero, the bias probe, torch.compile.
 
-Run on the device machine: ``python -m pytest tests/gpu/test_attention_gpu.py``. Skipped without CUDA. Launches use
+Run on a CUDA machine: ``python -m pytest tests/gpu/test_attention_gpu.py``. Skipped without CUDA. Launches use
 the fixed tile configuration (SLA_ATTN_AUTOTUNE=0) so that the reference can use the same key tile and compile time
 stays small; the benchmark exercises the autotuned path.
 """

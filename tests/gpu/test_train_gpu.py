@@ -29,7 +29,7 @@ def test_arm_trains_with_triton_kernel(tiny_overrides, arm):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
-                    reason="transformer_engine is not installed (see shared/device/README.md)")
+                    reason="transformer_engine is not installed (on a GPU machine: pip install -e '.[gpu]')")
 def test_fp8_ffn_trains(tiny_overrides):
     config = load_config("smoke", tiny_overrides + GPU_OVERRIDES + ["precision.fp8_ffn=true"], arm="fixed")
     result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
