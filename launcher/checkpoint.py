@@ -106,7 +106,7 @@ def gather_training_state(engine: Engine, dims: ParallelDims) -> Optional[dict]:
     keep = dims.is_logging_rank
     adam_step = engine.adam_step()
     params, moments = {}, {}
-    for name, param in named_parameters(engine.model):
+    for name, param in engine.named_parameters():
         shard = shard_of(param)
         full = gather_full(engine.full_parameter(param).float(), shard, dims)
         if keep:
@@ -159,5 +159,5 @@ def load_optimizer_state(engine: Engine, state: dict, dims: ParallelDims) -> Non
     if not optim["adam_step"]:
         return  # saved before the first applied update: the optimizer starts fresh, as it did then
     states = {name: {k: _local(optim["state"][name][k], p, dims) for k in ADAM_STATE_KEYS}
-              for name, p in named_parameters(engine.model)}
+              for name, p in engine.named_parameters()}
     engine.load_optimizer_state(states, optim["adam_step"])

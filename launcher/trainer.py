@@ -265,41 +265,31 @@ class Trainer:
         device = self.dims.device
         micro = [(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                  for x, y in self.schedule.micro_batches(step)]
-        loss = self.engine.forward_backward(micro, self.autocast)
-        if self.dims.dp > 1:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dims.dp_group)
-        loss_value = loss.item()
 
-        def veto(grad_norm: float) -> Optional[str]:
-            problem = self.guard.check(loss_value, grad_norm)
+        def veto(loss: float, grad_norm: float) -> Optional[str]:
+            problem = self.guard.check(loss, grad_norm)
             # Every rank must drop the same steps, or the replicas part ways: one objection drops it everywhere.
             if distributed.any_rank(problem is not None, self.dims) and problem is None:
                 problem = "the guard of another rank rejected this step"
             return problem
 
-        grad_norm, problem = self.engine.step(lr, veto)  # the global norm, identical on every rank
+        loss_value, grad_norm, problem = self.engine.train_step(micro, self.autocast, lr, veto)
         if problem is None:
             self.guard.accept(loss_value, grad_norm)
         else:
             self.guard.bad_steps += 1
         return StepResult(loss_value, grad_norm, lr, problem)
 
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss on the fixed validation windows; each data-parallel rank takes an equal contiguous share."""
         config, dims = self.config, self.dims
         mb, seq_len = config.data.micro_batch_size, config.data.seq_len
         offsets = eval_offsets(len(self.data.val), seq_len, config.eval.batches * mb)
         mine = np.array_split(offsets, dims.dp)[dims.dp_rank]
-        total = torch.zeros(2, device=dims.device, dtype=torch.float64)
-        self.model.eval()
-        for i in range(0, len(mine), mb):
-            x, y = windows(self.data.val, mine[i:i + mb], seq_len)
-            with self.autocast():
-                _, loss = self.model(x.to(dims.device), y.to(dims.device))
-            total += torch.stack([loss.double() * len(x), torch.tensor(float(len(x)), device=dims.device,
-                                                                       dtype=torch.float64)])
-        self.model.train()
+        batches = [tuple(t.to(dims.device) for t in windows(self.data.val, mine[i:i + mb], seq_len))
+                   for i in range(0, len(mine), mb)]
+        loss_sum, count = self.engine.eval_loss(batches, self.autocast)
+        total = torch.tensor([loss_sum, count], device=dims.device, dtype=torch.float64)
         if dims.dp > 1:
             dist.all_reduce(total, group=dims.dp_group)
         return (total[0] / total[1]).item()

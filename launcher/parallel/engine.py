@@ -85,10 +85,24 @@ def tensor_parallel_grad_norm(params: list[nn.Parameter], dims: ParallelDims) ->
 
 
 class Engine:
-    """Interface of an engine (see the module docstring); ``model`` is the plain, possibly tensor-split model."""
+    """Interface of an engine (see the module docstring); ``model`` is the module it trains (the plain, possibly
+    tensor-split model, or a pipeline stage)."""
 
     model: nn.Module
     dims: ParallelDims
+
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                   autocast: Callable[[], contextlib.AbstractContextManager], lr: float,
+                   veto: Callable[[float, float], Optional[str]]) -> tuple[float, float, Optional[str]]:
+        """One optimizer step over this rank's micro-batches at learning rate ``lr``, unless ``veto(loss, global
+        gradient norm)`` objects once both are known (then nothing is updated). Returns (the loss: mean over the
+        micro-batches and data-parallel ranks, the norm, the objection or None); identical on every rank."""
+        loss = self.forward_backward(micro_batches, autocast)
+        if self.dims.dp > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dims.dp_group)
+        loss_value = loss.item()
+        norm, problem = self.step(lr, lambda norm: veto(loss_value, norm))
+        return loss_value, norm, problem
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
                          autocast: Callable[[], contextlib.AbstractContextManager]) -> torch.Tensor:
@@ -99,6 +113,26 @@ class Engine:
         """Clip and apply this step's gradients at learning rate ``lr`` unless ``veto(global gradient norm)`` objects;
         returns (the norm, the objection or None). Every rank must get the same answer from ``veto``."""
         raise NotImplementedError
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                  autocast: Callable[[], contextlib.AbstractContextManager]) -> tuple[float, int]:
+        """(Sum of the per-sequence mean losses, number of sequences) of this rank's evaluation batches."""
+        total, count = torch.zeros((), dtype=torch.float64, device=self.dims.device), 0
+        self.model.eval()
+        try:
+            for x, y in batches:
+                with autocast():
+                    _, loss = self.model(x, y)
+                total += loss.double() * len(x)
+                count += len(x)
+        finally:
+            self.model.train()
+        return total.item(), count
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the single-device model's names."""
+        return named_parameters(self.model)
 
     def gathered(self, params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
         """Context in which ``params`` hold their full data-parallel values (ZeRO-3 partitions them)."""
@@ -181,7 +215,7 @@ class LocalEngine(Engine):
     def load_optimizer_state(self, states, adam_step):
         # Through the optimizer's own load_state_dict, which puts "step" where torch's AdamW variant expects it.
         index = {id(p): i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])}
-        names = {id(p): n for n, p in named_parameters(self.model)}
+        names = {id(p): n for n, p in self.named_parameters()}
         state = {}
         for p_id, i in index.items():
             saved = states[names[p_id]]
@@ -318,7 +352,7 @@ class ZeroEngine(Engine):
             step = torch.tensor(float(adam_step), dtype=torch.float32, device=flat.device if on_device else "cpu")
             inner.state[flat] = {"step": step, **{k: torch.zeros_like(flat) for k in ADAM_STATE_KEYS}}
         self._link_moments()
-        for name, param in named_parameters(self.model):
+        for name, param in self.named_parameters():
             for key in ADAM_STATE_KEYS:
                 safe_set_full_optimizer_state(param, states[name][key].to(self.dims.device), key)
 
