@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from launcher.config import ConfigError
@@ -102,22 +103,32 @@ def gather_training_state(engine: Engine, dims: ParallelDims) -> Optional[dict]:
     """Parameters and Adam moments as full tensors on the logging rank (None elsewhere). Collective: every rank calls.
 
     One parameter at a time: its data-parallel partitions are assembled by the engine, then its tensor-parallel
-    slices are gathered; only the logging rank keeps the result (on the CPU)."""
-    keep = dims.is_logging_rank
+    slices are gathered; the first rank of each pipeline stage keeps the result (on the CPU), and the stages send
+    theirs to the logging rank (a weight tied across stages comes from the first stage that holds it)."""
+    stage_leader = dims.dp_rank == 0 and dims.tp_rank == 0
     adam_step = engine.adam_step()
     params, moments = {}, {}
     for name, param in engine.named_parameters():
         shard = shard_of(param)
         full = gather_full(engine.full_parameter(param).float(), shard, dims)
-        if keep:
+        if stage_leader:
             params[name] = full.cpu()
         state = engine.full_optimizer_state(param) if adam_step else None
         if state is not None:
             full_state = {k: gather_full(state[k].float(), shard, dims) for k in ADAM_STATE_KEYS}
-            if keep:
+            if stage_leader:
                 moments[name] = {k: v.cpu() for k, v in full_state.items()}
-    if not keep:
+    if not stage_leader:
         return None
+    if dims.pp > 1:  # the stage leaders form one pipeline group, with the logging rank first
+        stages = [None] * dims.pp if dims.is_logging_rank else None
+        dist.gather_object((params, moments), stages, dst=dist.get_global_rank(dims.pp_group, 0), group=dims.pp_group)
+        if not dims.is_logging_rank:
+            return None
+        params, moments = {}, {}
+        for stage_params, stage_moments in stages:
+            params.update({k: v for k, v in stage_params.items() if k not in params})
+            moments.update({k: v for k, v in stage_moments.items() if k not in moments})
     return {"format": FORMAT, "model": params, "optimizer": {"adam_step": adam_step, "state": moments}}
 
 

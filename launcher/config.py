@@ -54,7 +54,8 @@ class ParallelConfig:
     """Tensor-parallel group size: Megatron-style column/row splits of attention (whole heads per rank) and FFN, and a
     vocabulary-split embedding and output layer. Must divide model.n_head, the FFN width and the vocabulary."""
     pipeline_parallel: int = 1
-    """Pipeline stages. Only 1 is implemented in this version."""
+    """Pipeline stages (DeepSpeed's pipeline engine, 1F1B schedule; the blocks are split by parameter count and the
+    gradient accumulation steps become its micro-batches). Runs with ZeRO stage 0 or 1 only."""
     zero_stage: int = 0
     """Sharding over data-parallel ranks: 0 = none (PyTorch DDP), 1 = optimizer state, 2 = + gradients,
     3 = + parameters (DeepSpeed ZeRO). Numerics are the same at every stage: FP32 weights and Adam state."""
@@ -438,16 +439,25 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append(f"attention.eps={a.eps} must be >= 0")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
     problems += _choice(config.precision.fp8_recipe, ("delayed", "current"), "precision.fp8_recipe")
-    if p.pipeline_parallel != 1:
-        problems.append("parallel.pipeline_parallel > 1 is not implemented in this version; set it to 1 (tensor and "
-                        "data parallelism are)")
-    if p.tensor_parallel < 1:
-        problems.append(f"parallel.tensor_parallel={p.tensor_parallel} must be >= 1")
+    if p.tensor_parallel < 1 or p.pipeline_parallel < 1:
+        problems.append("parallel.tensor_parallel and parallel.pipeline_parallel must be >= 1")
     if p.zero_stage not in (0, 1, 2, 3):
         problems.append(f"parallel.zero_stage={p.zero_stage} must be 0 (DDP), 1, 2 or 3 (DeepSpeed ZeRO)")
-    if config.precision.fp8_ffn and (p.tensor_parallel > 1 or p.zero_stage > 0):
-        problems.append("precision.fp8_ffn=true runs with plain data parallelism (zero_stage=0, tensor_parallel=1) "
-                        "in this version; turn one of them off")
+    if p.pipeline_parallel > 1:
+        if p.zero_stage > 1:
+            problems.append(f"parallel.zero_stage={p.zero_stage} with parallel.pipeline_parallel="
+                            f"{p.pipeline_parallel}: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only "
+                            "(ZeRO-2/3 shard gradients and parameters across the micro-batches the pipeline keeps in "
+                            "flight); set parallel.zero_stage=1, or tensor_parallel instead of pipeline_parallel")
+        if m.n_layer > 0 and p.pipeline_parallel > m.n_layer:
+            problems.append(f"parallel.pipeline_parallel={p.pipeline_parallel} stages for model.n_layer={m.n_layer} "
+                            "blocks: use at most one stage per block")
+        if config.monitor.spectral_interval or config.monitor.probe_interval:
+            problems.append("monitors under pipeline parallelism are not implemented yet; set "
+                            "monitor.spectral_interval=0 monitor.probe_interval=0, or parallel.pipeline_parallel=1")
+    if config.precision.fp8_ffn and (p.tensor_parallel > 1 or p.zero_stage > 0 or p.pipeline_parallel > 1):
+        problems.append("precision.fp8_ffn=true runs with plain data parallelism (zero_stage=0, tensor_parallel=1, "
+                        "pipeline_parallel=1) in this version; turn one of them off")
     if p.tensor_parallel > 1 and m.n_head > 0 and m.d_model > 0:
         from launcher.parallel.tensor import check_divisible
 
@@ -505,7 +515,12 @@ def layout_problems(config: Config, world_size: int) -> list[str]:
     problems = _batch_problems(config, dp, f" x data-parallel size {dp} ({world_size} process(es) / (tensor_parallel "
                                            f"{p.tensor_parallel} x pipeline_parallel {p.pipeline_parallel}))")
     windows = config.eval.batches * d.micro_batch_size
-    if config.eval.interval and windows % dp:
+    if config.eval.interval and p.pipeline_parallel > 1 and config.eval.batches % dp:
+        # the pipeline evaluates whole micro-batches only
+        problems.append(f"eval.batches={config.eval.batches} is not a multiple of the data-parallel size {dp}, which "
+                        f"pipeline parallelism needs (whole micro-batches per rank); for example set eval.batches="
+                        f"{-(-config.eval.batches // dp) * dp}")
+    elif config.eval.interval and windows % dp:
         batches = -(-config.eval.batches // dp) * dp
         problems.append(f"eval.batches={config.eval.batches} x data.micro_batch_size={d.micro_batch_size} = {windows} "
                         f"validation sequences cannot be split evenly over {dp} data-parallel ranks; for example set "

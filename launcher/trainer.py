@@ -164,24 +164,14 @@ def open_data(config: Config, dims: ParallelDims) -> TokenData:
 
 
 def build_model(config: Config, dims: ParallelDims) -> tuple[GPT, int, float]:
-    """The model of this rank: the full single-device GPT from the run's seed, split, moved, FP8, checkpointed.
-    Also returns the full model's parameter count and training FLOPs per token (for MFU)."""
+    """This rank's model on the CPU: the full single-device GPT from the run's seed, split over the tensor-parallel
+    group. Also returns the full model's parameter count and training FLOPs per token (for MFU)."""
     torch.manual_seed(config.run.seed)  # the same initial weights in every arm and every layout
     model = GPT(config.model)
     n_params, flops_per_token = model.num_parameters(), model.flops_per_token(config.data.seq_len)
     apply_tensor_parallel(model, dims)
     first_head, heads = head_range(config.model.n_head, dims)
     model.set_attention(build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads))
-    model.to(dims.device)
-    if config.precision.fp8_ffn:
-        from launcher.fp8 import apply_fp8_ffn
-
-        apply_fp8_ffn(model, dims.device)
-    if config.parallel.activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
     return model, n_params, flops_per_token
 
 
@@ -204,15 +194,16 @@ class Trainer:
         self.backend = resolve_backend(config.attention, dims.device)
         if self.backend == "triton" and dims.device.type != "cuda":
             raise ConfigError("attention.backend=triton needs a CUDA GPU; use attention.backend=auto or reference on CPU")
-        self.model, self.n_params, flops_per_token = build_model(config, dims)
+        model, self.n_params, flops_per_token = build_model(config, dims)
 
         self.store = CheckpointStore(self.run_dir)
         latest = self.store.latest() if config.checkpoint.resume else None
         state = self.store.load(latest) if latest is not None else None
         if state is not None:
-            check_fits(state, self.model, dims, latest)
-            load_parameters(self.model, state, dims)
-        self.engine: Engine = build_engine(self.model, config, dims, self.run_dir)
+            check_fits(state, model, dims, latest)
+            load_parameters(model, state, dims)
+        self.engine: Engine = build_engine(model, config, dims, self.run_dir)
+        self.model = self.engine.model  # on the device; under pipeline parallelism, this rank's stage
         self.guard = Guard(config)
         self.start_step = 0
         if state is not None:

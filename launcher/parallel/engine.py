@@ -272,15 +272,27 @@ class ZeroEngine(Engine):
         return loss_sum / len(micro_batches)
 
     def step(self, lr, veto):
-        # DeepSpeed's step computes the global gradient norm (over its partitions, all-reduced over data and tensor
-        # parallel), clips, then calls the inner torch optimizer once per partition group. The veto is consulted at
-        # the first of those calls, when the norm is known and nothing has been updated yet; on an objection no group
-        # is updated (the partitions, unchanged, are gathered back into the parameters as usual). A step whose norm
-        # is not finite never reaches the inner optimizer: DeepSpeed drops it itself (its fp16-overflow path), and the
-        # veto is then asked about that norm afterwards, so that the guard still counts and reports it.
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         decision: dict[str, Optional[str]] = {}
+        with self._vetoed_updates(veto, decision):
+            self.ds.step()
+        norm = float(self.ds.get_global_grad_norm())
+        if "problem" not in decision:  # dropped by DeepSpeed: a NaN/inf gradient norm
+            decision["problem"] = veto(norm)
+        return norm, decision["problem"]
+
+    @contextlib.contextmanager
+    def _vetoed_updates(self, veto: Callable[[float], Optional[str]], decision: dict):
+        """Within this context, DeepSpeed's optimizer steps ask ``veto(global gradient norm)`` first.
+
+        DeepSpeed's step computes the global gradient norm (over its partitions, all-reduced over data, tensor and
+        pipeline parallel), clips, then calls the inner torch optimizer once per partition group. The veto is asked
+        at the first of those calls, when the norm is known and nothing has been updated yet; its answer (kept in
+        ``decision["problem"]``) holds for every group, so on an objection nothing is updated (the unchanged
+        partitions are gathered back into the parameters as usual). A step whose norm is not finite never reaches
+        the inner optimizer: DeepSpeed drops it itself (its fp16-overflow path) and ``decision`` stays empty, so that
+        the caller can still ask the veto about that norm afterwards, to count and report it."""
         inner = self._inner()
         update = inner.step
 
@@ -291,13 +303,9 @@ class ZeroEngine(Engine):
 
         inner.step = guarded_update
         try:
-            self.ds.step()
+            yield
         finally:
             del inner.step  # back to the class's method
-        norm = float(self.ds.get_global_grad_norm())
-        if "problem" not in decision:  # dropped by DeepSpeed: a NaN/inf gradient norm
-            decision["problem"] = veto(norm)
-        return norm, decision["problem"]
 
     def gathered(self, params):
         if self.stage != 3:
@@ -376,7 +384,33 @@ def deepspeed_config(config: Config, dims: ParallelDims) -> dict:
     }
 
 
+def checkpointed(block: nn.Module) -> nn.Module:
+    """``block`` recomputed in the backward instead of keeping its activations (torch's non-reentrant wrapper; the
+    wrapper's name is removed from parameter names by :func:`param_name`)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def place_model(model: nn.Module, config: Config, dims: ParallelDims) -> nn.Module:
+    """Move the model to the device, then apply FP8 (Transformer Engine FFNs) and activation checkpointing."""
+    model.to(dims.device)
+    if config.precision.fp8_ffn:
+        from launcher.fp8 import apply_fp8_ffn
+
+        apply_fp8_ffn(model, dims.device)
+    if config.parallel.activation_checkpointing:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpointed(block)
+    return model
+
+
 def build_engine(model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None) -> Engine:
+    """The engine of the layout, around ``model`` (the full, tensor-split GPT on the CPU)."""
+    if dims.pp > 1:
+        from launcher.parallel.pipeline import PipelineEngine
+
+        return PipelineEngine(model, config, dims, run_dir)
     if config.parallel.zero_stage == 0:
-        return LocalEngine(model, config, dims)
-    return ZeroEngine(model, config, dims, run_dir)
+        return LocalEngine(place_model(model, config, dims), config, dims)
+    return ZeroEngine(place_model(model, config, dims), config, dims, run_dir)

@@ -1,0 +1,166 @@
+"""Pipeline parallelism through DeepSpeed's ``PipelineModule``, built from the single-device GPT's own modules.
+
+The model becomes a sequence of layers, each an existing module of the (tensor-split) GPT, so there is no second
+model definition::
+
+    [token embedding] [positions + dropout] [block 0] ... [block L-1] [final LayerNorm] [output layer]
+     tied "embed" ----------------------------------------------------------------------- tied "embed"
+
+The token embedding and the output layer share one weight (GPT-2's tied embeddings): both ends are
+``TiedLayerSpec("embed")``; DeepSpeed keeps a copy on the first and on the last stage, starts them equal, sums their
+gradients, and counts the weight once in the gradient norm. Layers are partitioned over the stages by parameter
+count. The recipe's gradient accumulation becomes the pipeline's micro-batches, run with DeepSpeed's 1F1B schedule
+(``train_batch``).
+
+Data parallelism under the pipeline always goes through DeepSpeed's ZeRO-1 optimizer (``zero_stage`` 0 runs as 1:
+the same numerics, optimizer state sharded); ZeRO-2 and -3 are refused by validation because DeepSpeed does not
+support them with a pipeline. The guard's veto works as in the ZeRO engine (inside DeepSpeed's optimizer step, once
+the global gradient norm is known); the loss it judges is the last stage's mean over the micro-batches and
+data-parallel ranks, sent to every rank before anything is updated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.config import Config
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.engine import ZeroEngine, build_optimizer, checkpointed, deepspeed_config, named_parameters
+
+
+class TokenEmbedding(nn.Module):
+    """The token embedding and the output layer that shares its weight; the first stage embeds token ids, the last
+    stage projects hidden states to (its slice of) the vocabulary."""
+
+    def __init__(self, embedding: nn.Module, head: nn.Module):
+        super().__init__()
+        self.embedding, self.head = embedding, head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(ids)
+
+
+def project_to_vocabulary(tied: TokenEmbedding, x: torch.Tensor) -> torch.Tensor:
+    return tied.head(x)
+
+
+class AddPositions(nn.Module):
+    """Learned position embeddings added to the token embeddings, then dropout (as in GPT.forward)."""
+
+    def __init__(self, pos_emb: nn.Embedding, drop: nn.Module):
+        super().__init__()
+        self.pos_emb, self.drop = pos_emb, drop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=x.device)))
+
+
+class PipelineEngine(ZeroEngine):
+    """This rank's pipeline stage of the GPT, trained by DeepSpeed's pipeline engine (see the module docstring)."""
+
+    def __init__(self, gpt: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
+        import deepspeed
+        from deepspeed.pipe import PipelineModule, TiedLayerSpec
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+        # PipelineModule creates its communicators through deepspeed.comm, which wraps our process group
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
+        self.model, self.dims, self.config = None, dims, config
+        self.stage = 1
+        names = {id(p): n for n, p in named_parameters(gpt)}
+        blocks = [checkpointed(b) if config.parallel.activation_checkpointing else b for b in gpt.blocks]
+        layers = [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
+                  AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
+                  TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
+                                tied_weight_attr="embedding.weight")]
+        self.micro_losses: list[torch.Tensor] = []
+        model_loss = gpt.loss_fn
+
+        def loss_fn(logits, targets):
+            loss = model_loss(logits, targets)
+            self.micro_losses.append(loss.detach())
+            return loss
+
+        topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
+        stage = PipelineModule(layers, topology=topology, loss_fn=loss_fn, partition_method="parameters")
+        stage.to(dims.device)
+        self.names = {id(p): param_name_of(names, p) for p in stage.parameters()}
+        self.model = stage
+        self.first_layer = stage._local_start  # index of this stage's first layer in the list above
+
+        ds_config = deepspeed_config(config, dims)
+        ds_config["zero_optimization"] = {"stage": 1}
+        if run_dir is not None and dims.is_logging_rank:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
+        optimizer = build_optimizer(stage, config, dims.device)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=stage, optimizer=optimizer, config=ds_config,
+                                                             dist_init_required=False)
+        self.params = [p for p in stage.parameters() if p.requires_grad]
+        self._linked_at_step = -1
+        self.is_last_stage = dims.pp_rank == dims.pp - 1
+
+    def describe(self) -> str:
+        return f"DeepSpeed pipeline ({self.dims.pp} stages, 1F1B) with ZeRO-1"
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(self.names[id(p)], p) for p in self.model.parameters()]
+
+    def blocks(self) -> dict[int, nn.Module]:
+        """This stage's transformer blocks by global layer index (layers 2 .. L+1 of the pipeline are the blocks)."""
+        return {i - 2: layer for i, layer in enumerate(self.model.forward_funcs, start=self.first_layer)
+                if 2 <= i < 2 + self.config.model.n_layer}
+
+    def _stage_loss(self) -> float:
+        """The step's loss on every rank: the last stage's mean over its micro-batches, averaged over data parallel
+        and sent over the pipeline (a collective over the pipeline and data-parallel groups)."""
+        dims = self.dims
+        loss = torch.zeros((), device=dims.device)
+        if self.is_last_stage:
+            loss = torch.stack(self.micro_losses).float().mean()
+            if dims.dp > 1:
+                dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dims.dp_group)
+        if dims.pp > 1:
+            last = dist.get_global_rank(dims.pp_group, dims.pp - 1)
+            dist.broadcast(loss, src=last, group=dims.pp_group)
+        return loss.item()
+
+    def train_step(self, micro_batches, autocast, lr, veto):
+        # DeepSpeed's engine enters the run's autocast itself (its torch_autocast section); FP8 is not supported here.
+        self.micro_losses.clear()
+        decision: dict[str, Optional[str]] = {}
+        loss: dict[str, float] = {}
+
+        def judge(grad_norm: float) -> Optional[str]:
+            loss["value"] = self._stage_loss()
+            return veto(loss["value"], grad_norm)
+
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self._vetoed_updates(judge, decision):
+            self.ds.train_batch(data_iter=iter(micro_batches))
+        norm = float(self.ds.get_global_grad_norm())
+        if "problem" not in decision:  # dropped by DeepSpeed: a NaN/inf gradient norm
+            decision["problem"] = judge(norm)
+        return loss["value"], norm, decision["problem"]
+
+    @torch.no_grad()
+    def eval_loss(self, batches, autocast):
+        if not batches:
+            return 0.0, 0
+        mean = self.ds.eval_batch(iter(batches), num_micro_batches=len(batches), bcast_loss=True)
+        count = sum(len(x) for x, _ in batches)
+        return float(mean) * count, count
+
+
+def param_name_of(names: dict[int, str], param: nn.Parameter) -> str:
+    name = names.get(id(param))
+    if name is None:
+        raise RuntimeError("a pipeline parameter does not belong to the model it was built from")
+    return name
