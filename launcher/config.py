@@ -452,9 +452,6 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         if m.n_layer > 0 and p.pipeline_parallel > m.n_layer:
             problems.append(f"parallel.pipeline_parallel={p.pipeline_parallel} stages for model.n_layer={m.n_layer} "
                             "blocks: use at most one stage per block")
-        if config.monitor.spectral_interval or config.monitor.probe_interval:
-            problems.append("monitors under pipeline parallelism are not implemented yet; set "
-                            "monitor.spectral_interval=0 monitor.probe_interval=0, or parallel.pipeline_parallel=1")
     if config.precision.fp8_ffn and (p.tensor_parallel > 1 or p.zero_stage > 0 or p.pipeline_parallel > 1):
         problems.append("precision.fp8_ffn=true runs with plain data parallelism (zero_stage=0, tensor_parallel=1, "
                         "pipeline_parallel=1) in this version; turn one of them off")

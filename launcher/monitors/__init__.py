@@ -16,6 +16,10 @@ full matrices (the ranks' slices are gathered at the monitor interval); each ran
 (tie rate, max logit, entropy, delta bias) of the heads it owns, and the per-head values are gathered in global head
 order. The ranks that compute are those of the logging rank's tensor-parallel group (all ranks under ZeRO-3, whose
 parameters only exist gathered over data parallel); only the logging rank writes.
+
+Under pipeline parallelism every stage computes the monitors of its own layers (the probe batch flows through the
+pipeline, forward and back, see probe.py) and sends its values to the logging rank, which writes the same global tag
+names as one process.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from launcher.monitors import tags
 from launcher.parallel.dims import ParallelDims
@@ -72,6 +77,8 @@ class Monitors:
     def __init__(self, config, model: torch.nn.Module, probe_batch: tuple[torch.Tensor, torch.Tensor], writer,
                  autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                  backend: str = "reference", dims: Optional[ParallelDims] = None, engine=None):
+        """``model``: the model, or under pipeline parallelism this rank's stage; ``engine`` (optional): the trainer's
+        engine, which knows this rank's blocks and how to run the probe batch through them."""
         mon, att = config.monitor, config.attention
         self.model = model
         self.probe_batch = probe_batch
@@ -85,15 +92,21 @@ class Monitors:
         self.active = self.dims.dp_rank == 0 or zero3
         self.rounding, self.fix = att.rounding, att.fix
         self.beta, self.eps = att.beta, att.eps
-        self.n_layer = len(model.blocks)
+        # this rank's blocks by global layer index (a pipeline stage holds some of them)
+        self.layers: dict[int, torch.nn.Module] = engine.blocks() if engine is not None else dict(enumerate(model.blocks))
+        self.layer_ids = sorted(self.layers)
+        self.n_layer = config.model.n_layer
         self.n_head = config.model.n_head  # of the whole model; this rank's are head_offset .. + local_heads - 1
         self.head_offset, _ = head_range(self.n_head, self.dims)
-        self.local_heads = model.blocks[0].attn.n_head
-        self.head_dim = model.blocks[0].attn.head_dim
+        first = self.layers[self.layer_ids[0]]
+        self.local_heads = first.attn.n_head
+        self.head_dim = first.attn.head_dim
         self.spectral_interval = mon.spectral_interval
         self.probe_interval = mon.probe_interval
         layers = mon.delta_bias_layers
-        self.delta_layers = list(range(self.n_layer)) if layers is None else sorted(set(layers))
+        wanted = list(range(self.n_layer)) if layers is None else sorted(set(layers))
+        self.any_delta = bool(wanted)  # under a pipeline, every stage takes part in the backward then
+        self.delta_layers = [i for i in wanted if i in self.layers]
         self.tracker = SpectralTracker(mon.power_iterations, tol=mon.power_tolerance)
         self.delta_cum: dict[int, torch.Tensor] = {}
         self.prev_error: dict[int, torch.Tensor] = {}
@@ -122,7 +135,7 @@ class Monitors:
         do_probe = _due(step, self.probe_interval)
         if not (do_spectral or do_probe):
             return {}
-        device = next(self.model.parameters()).device
+        device = self.probe_batch[0].device
         start = self._clock(device)
         values: dict[str, float] = {}
         # The monitors' own arithmetic is FP32/FP64 whatever context the caller is in; the probe forward enters the
@@ -136,6 +149,7 @@ class Monitors:
                 values.update(self._probe(device))
                 values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
         self._overhead_s += self._clock(device) - start
+        values = self._from_all_stages(values)
         if self.writer is not None:
             for tag, value in values.items():
                 self.writer.add_scalar(tag, value, global_step=step)
@@ -143,18 +157,50 @@ class Monitors:
         return values
 
     def state_dict(self) -> dict:
-        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices (per-head
-        state of all heads: collective over the tensor-parallel group, every rank calls)."""
+        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices; per-head
+        state of all heads, per-layer state of all stages (collective: every rank calls)."""
         if not self.active:
             return {}
-        return {
+        state = {
             "version": STATE_VERSION,
-            "spectral_vectors": self.tracker.state_dict(),
+            # the vectors of a batch of layers, under the layers it covers: another layout starts that batch afresh
+            "spectral_vectors": {self._stage_key(): self.tracker.state_dict()},
             "delta_cum": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.delta_cum.items())},
             "prev_error": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.prev_error.items())},
             "overhead_s": self._overhead_s,
             "last_values": dict(self._last),
         }
+        stages = self._gather_stages(state)
+        if stages is None:
+            return state
+        for other in stages[1:]:
+            for key in ("spectral_vectors", "delta_cum", "prev_error"):
+                state[key].update(other[key])
+        return state
+
+    def _stage_key(self) -> str:
+        return ",".join(map(str, self.layer_ids))
+
+    def _gather_stages(self, obj) -> Optional[list]:
+        """``obj`` of every pipeline stage, in stage order, on the logging rank (None on the others and without a
+        pipeline). The stages' first tensor-parallel ranks send; the others already hold the same values."""
+        if self.dims.pp == 1 or self.dims.tp_rank != 0:
+            return None
+        group = self.dims.pp_group
+        out = [None] * self.dims.pp if self.dims.pp_rank == 0 else None
+        dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0), group=group)
+        return out
+
+    def _from_all_stages(self, values: dict[str, float]) -> dict[str, float]:
+        """The values of every stage on the logging rank; timings are the slowest stage's."""
+        stages = self._gather_stages(values)
+        if stages is None:
+            return values
+        merged: dict[str, float] = {}
+        for stage_values in stages:
+            for tag, value in stage_values.items():
+                merged[tag] = max(merged.get(tag, value), value) if tag.startswith("monitor/") else value
+        return merged
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
@@ -162,7 +208,7 @@ class Monitors:
                              "resume with the code that wrote the checkpoint")
         device = self.probe_batch[0].device
         mine = slice(self.head_offset, self.head_offset + self.local_heads)
-        self.tracker.load_state_dict(state["spectral_vectors"], device)
+        self.tracker.load_state_dict(state["spectral_vectors"].get(self._stage_key(), {}), device)
         self.delta_cum = {int(i): t[mine].to(device) for i, t in state["delta_cum"].items()}
         self.prev_error = {int(i): t[mine].to(device) for i, t in state["prev_error"].items()}
         self._overhead_s = float(state["overhead_s"])
@@ -189,24 +235,24 @@ class Monitors:
 
     @torch.no_grad()
     def _spectral(self) -> dict[str, float]:
-        blocks = self.model.blocks
+        blocks = [self.layers[i] for i in self.layer_ids]
         values = _Values()
         names = list(tags.WEIGHTS)
         square = torch.stack([self._full_weight(getattr(b.attn, m))
                               for b in blocks for m in ("q_proj", "k_proj", "v_proj", "out_proj")])
-        sq = self.tracker("attn", square).view(self.n_layer, 4)
+        sq = self.tracker("attn", square).view(len(blocks), 4)
         fc_in = self.tracker("fc_in", torch.stack([self._full_weight(b.mlp.fc_in) for b in blocks]))
         fc_out = self.tracker("fc_out", torch.stack([self._full_weight(b.mlp.fc_out) for b in blocks]))
         d = square.shape[-1]
-        qk_heads = square.view(self.n_layer, 4, d, d)[:, :2].reshape(-1, self.head_dim, d)
-        heads = self.tracker("heads_qk", qk_heads).view(self.n_layer, 2, self.n_head)
-        for i in range(self.n_layer):
+        qk_heads = square.view(len(blocks), 4, d, d)[:, :2].reshape(-1, self.head_dim, d)
+        heads = self.tracker("heads_qk", qk_heads).view(len(blocks), 2, self.n_head)
+        for n, i in enumerate(self.layer_ids):
             for j, w in enumerate(names[:4]):
-                values.add(tags.spectral(i, w), sq[i, j])
-            values.add(tags.spectral(i, "fc_in"), fc_in[i])
-            values.add(tags.spectral(i, "fc_out"), fc_out[i])
+                values.add(tags.spectral(i, w), sq[n, j])
+            values.add(tags.spectral(i, "fc_in"), fc_in[n])
+            values.add(tags.spectral(i, "fc_out"), fc_out[n])
             for j, w in enumerate(tags.PER_HEAD_WEIGHTS):
-                values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[i, j])
+                values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[n, j])
         return values.to_dict()
 
     def _gather_heads(self, local: dict) -> dict:
@@ -221,27 +267,31 @@ class Monitors:
 
     def _probe(self, device: torch.device) -> dict[str, float]:
         delta_layers = self.delta_layers
-        probe = run_probe(self.model, self.probe_batch, self.autocast, delta_layers)
+        if self.engine is not None:
+            probe = self.engine.probe(self.probe_batch, self.autocast, delta_layers, self.any_delta)
+        else:
+            probe = run_probe(self.model, self.probe_batch, self.autocast, delta_layers)
         values = _Values()
+        ids = self.layer_ids
         with torch.no_grad():
-            xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in range(self.n_layer)])
+            xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in ids])
             # O of all heads: (B, H, T, hd) -> (B*T, H*hd), as the single-device model's out_proj input
             outs = torch.stack([gather_full(probe.layers[i].o.float(), Shard(1, self.dims.tp), self.dims)
-                                .transpose(1, 2).flatten(2).flatten(0, 1) for i in range(self.n_layer)])
+                                .transpose(1, 2).flatten(2).flatten(0, 1) for i in ids])
             rows = xs.shape[1] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
             x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", outs) / rows
             local = {}
-            for i in range(self.n_layer):
+            for i in ids:
                 cap = probe.layers[i]
                 s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
                 local.update({(i, stat): v for stat, v in head_stats(s, self.eps).items()})
                 del s
             per_head = self._gather_heads(local)
-            for i in range(self.n_layer):
-                values.add(tags.act(i, "x_rms"), xs[i].pow(2).mean().sqrt())
-                values.add(tags.act(i, "x_sv"), x_sv[i])
-                values.add(tags.act(i, "o_rms"), outs[i].pow(2).mean().sqrt())
-                values.add(tags.act(i, "o_sv"), o_sv[i])
+            for n, i in enumerate(ids):
+                values.add(tags.act(i, "x_rms"), xs[n].pow(2).mean().sqrt())
+                values.add(tags.act(i, "x_sv"), x_sv[n])
+                values.add(tags.act(i, "o_rms"), outs[n].pow(2).mean().sqrt())
+                values.add(tags.act(i, "o_sv"), o_sv[n])
                 layer = {stat: per_head[(i, stat)] for stat in tags.ATTN_STATS}
                 for stat, value in layer_stats(layer).items():
                     values.add(tags.attn(i, stat), value)

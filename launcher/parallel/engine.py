@@ -134,6 +134,18 @@ class Engine:
         """This rank's parameters under the single-device model's names."""
         return named_parameters(self.model)
 
+    def blocks(self) -> dict[int, nn.Module]:
+        """This rank's transformer blocks by global layer index."""
+        return dict(enumerate(self.model.blocks))
+
+    def probe(self, batch: tuple[torch.Tensor, torch.Tensor], autocast: Callable[[], contextlib.AbstractContextManager],
+              grad_layers: list[int], backward: bool):
+        """The monitors' probe pass over this rank's blocks (launcher/monitors/probe.py); ``backward``: whether any
+        layer of the model needs dO (matters under a pipeline)."""
+        from launcher.monitors.probe import run_probe
+
+        return run_probe(self.model, batch, autocast, grad_layers)
+
     def gathered(self, params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
         """Context in which ``params`` hold their full data-parallel values (ZeRO-3 partitions them)."""
         return contextlib.nullcontext()

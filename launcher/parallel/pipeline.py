@@ -80,7 +80,7 @@ class PipelineEngine(ZeroEngine):
                   TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
                                 tied_weight_attr="embedding.weight")]
         self.micro_losses: list[torch.Tensor] = []
-        model_loss = gpt.loss_fn
+        self.model_loss = model_loss = gpt.loss_fn
 
         def loss_fn(logits, targets):
             loss = model_loss(logits, targets)
@@ -116,6 +116,15 @@ class PipelineEngine(ZeroEngine):
         """This stage's transformer blocks by global layer index (layers 2 .. L+1 of the pipeline are the blocks)."""
         return {i - 2: layer for i, layer in enumerate(self.model.forward_funcs, start=self.first_layer)
                 if 2 <= i < 2 + self.config.model.n_layer}
+
+    def probe(self, batch, autocast, grad_layers, backward):
+        from launcher.monitors.probe import run_stage_probe
+
+        dims = self.dims
+        hidden = (*batch[0].shape, self.config.model.d_model)
+        return run_stage_probe(self.model, list(self.model.forward_funcs), self.model_loss, self.blocks(), batch,
+                               autocast, grad_layers, backward, dims.pp_rank, dims.pp, dims.pp_group, hidden,
+                               dims.device)
 
     def _stage_loss(self) -> float:
         """The step's loss on every rank: the last stage's mean over its micro-batches, averaged over data parallel

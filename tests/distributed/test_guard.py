@@ -12,17 +12,18 @@ BAD_STEP = 3
 
 
 @pytest.mark.parametrize("kind", ["nan", "spike"])
-@pytest.mark.parametrize("nproc, overrides", [
-    (2, ["parallel.zero_stage=2"]),
-    (2, ["parallel.zero_stage=3"]),
-    (2, ["parallel.tensor_parallel=2"]),
+@pytest.mark.parametrize("nproc, overrides, bad_rank", [
+    (2, ["parallel.zero_stage=2"], {"nan": 1, "spike": 1}),
+    (2, ["parallel.zero_stage=3"], {"nan": 1, "spike": 1}),
+    (2, ["parallel.tensor_parallel=2"], {"nan": 1, "spike": 1}),
+    (2, ["parallel.pipeline_parallel=2"], {"nan": 0, "spike": 1}),  # NaN on the first stage, spike on the last
 ])
-def test_a_bad_step_on_one_rank_is_dropped_everywhere(tiny_overrides, tmp_path, nproc, overrides, kind):
+def test_a_bad_step_on_one_rank_is_dropped_everywhere(tiny_overrides, tmp_path, nproc, overrides, bad_rank, kind):
     common = ["smoke", "--arm", "baseline", *tiny_overrides, "model.n_head=2", "guard.action=skip",
               "guard.warmup_steps=2", "guard.loss_spike_factor=10", "run.max_steps=6", "optim.decay_steps=6",
               "data.global_batch_size=8"]  # 2 micro-batches per rank
     launch([kind, str(BAD_STEP), "0", *common, "run.experiment=single"], module="tests.distributed.nan_worker")
-    launch([kind, str(BAD_STEP), "1", *common, *overrides, "run.experiment=layout"], nproc,
+    launch([kind, str(BAD_STEP), str(bad_rank[kind]), *common, *overrides, "run.experiment=layout"], nproc,
            module="tests.distributed.nan_worker")
     single = all_scalars(tmp_path / "runs" / "single" / "baseline")
     layout = all_scalars(tmp_path / "runs" / "layout" / "baseline")
