@@ -11,6 +11,7 @@ from kernels.rounding import LOG2E
 
 ROUNDINGS = ("fa2", "paper")
 FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
+HEAD_DIMS = (16, 32, 64, 128)  # head sizes the kernel (and its reference) supports
 
 # Integer codes of the fixes inside the kernel (constexpr) and the reference.
 FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT = range(4)
@@ -118,7 +119,7 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
                          "(self-attention over one sequence length only)")
     if hk < 1 or h % hk:
         raise ValueError(f"q has {h} heads, k/v {hk}: grouped-query attention needs q heads divisible by k/v heads")
-    if d not in (16, 32, 64, 128):
+    if d not in HEAD_DIMS:
         raise ValueError(f"head_dim={d} is not supported; use 16, 32, 64 or 128")
     if not (beta > 1.0):
         raise ValueError(f"beta={beta} must be > 1 (the published rule shifts a repeated maximum to beta x max)")

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import yaml
 
-from kernels.modes import FIXES, ROUNDINGS
+from kernels.modes import FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
@@ -180,6 +180,9 @@ class RunConfig:
     """auto (cuda when available, else cpu), cuda or cpu."""
     compile: bool = False
     """Wrap the model in torch.compile (GPU)."""
+    overwrite: bool = False
+    """Start over in a run folder that holds an earlier run: delete its events, checkpoints and batch offsets first
+    (with checkpoint.resume=false; without this, such a folder is refused)."""
     peak_tflops: float = 0.0
     """Peak dense TFLOP/s of one device for the MFU figure; 0 means look it up by device name (no MFU on CPU)."""
 
@@ -427,6 +430,13 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append("data.seq_len, data.micro_batch_size and data.global_batch_size must be positive")
     elif world_size is None:
         problems += _batch_problems(config, 1, "")
+    if a.backend != "sdpa" and m.n_head > 0 and m.d_model % m.n_head == 0 and m.head_dim not in KERNEL_HEAD_DIMS:
+        heads = [m.d_model // hd for hd in KERNEL_HEAD_DIMS if m.d_model % hd == 0]
+        fix = (f"model.n_head={heads[-1]}" if heads else
+               f"model.d_model={max(64, round(m.d_model / 64) * 64)} (a multiple of 64)")
+        problems.append(f"model.d_model / model.n_head = {m.head_dim} is not a head size the attention kernel supports "
+                        f"({', '.join(map(str, KERNEL_HEAD_DIMS))}); for example set {fix}, or use "
+                        "attention.backend=sdpa")
     problems += _choice(a.backend, BACKENDS, "attention.backend")
     problems += _choice(a.rounding, ROUNDINGS, "attention.rounding")
     problems += _choice(a.fix, FIXES, "attention.fix")
@@ -498,6 +508,42 @@ def _batch_problems(config: Config, dp: int, dp_text: str) -> list[str]:
            f"data.global_batch_size={-(-d.global_batch_size // (d.micro_batch_size * dp)) * d.micro_batch_size * dp}")
     return [f"data.global_batch_size={d.global_batch_size} is not a multiple of data.micro_batch_size="
             f"{d.micro_batch_size}{dp_text}; for example set {fix}"]
+
+
+def environment_problems(config: Config) -> list[str]:
+    """What this machine cannot do of ``config`` (devices, Transformer Engine, the output folder), each with what to
+    change; checked before anything is created."""
+    import importlib.util
+    import os
+    import tempfile
+
+    import torch
+
+    problems = []
+    cuda = torch.cuda.is_available()
+    if config.run.device == "cuda" and not cuda:
+        problems.append("run.device=cuda but no CUDA GPU is visible; use run.device=auto or cpu")
+    on_gpu = cuda and config.run.device != "cpu"
+    if config.attention.backend == "triton" and not on_gpu:
+        problems.append("attention.backend=triton needs a CUDA GPU; use attention.backend=auto (the PyTorch reference "
+                        "of the same numerics on CPU) or reference")
+    if config.precision.fp8_ffn:
+        if not on_gpu:
+            problems.append("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on this machine")
+        elif importlib.util.find_spec("transformer_engine") is None:
+            problems.append("precision.fp8_ffn=true needs Transformer Engine: pip install -e '.[gpu]' on this GPU "
+                            "machine, or set precision.fp8_ffn=false")
+    out = Path(config.run.out_dir).absolute()
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        problems.append(f"run.out_dir={config.run.out_dir}: {existing} is a file, not a folder; choose another run.out_dir")
+    else:
+        try:  # os.access is not enough (read-only file systems, /proc): try to create a folder there
+            tempfile.TemporaryDirectory(dir=existing).cleanup()
+        except OSError as err:
+            problems.append(f"run.out_dir={config.run.out_dir}: cannot create folders in {existing} "
+                            f"({os.strerror(err.errno) if err.errno else err}); choose a writable run.out_dir")
+    return problems
 
 
 def layout_problems(config: Config, world_size: int) -> list[str]:

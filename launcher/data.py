@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -89,7 +89,8 @@ class BatchSchedule:
     """
 
     def __init__(self, data: TokenData, seed: int, seq_len: int, global_batch_size: int, micro_batch_size: int,
-                 dp_rank: int = 0, dp_size: int = 1, replay_from: Optional[str] = None):
+                 dp_rank: int = 0, dp_size: int = 1, replay_from: Optional[str] = None,
+                 max_steps: Optional[int] = None):
         self.data, self.seed, self.seq_len = data, seed, seq_len
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -104,6 +105,9 @@ class BatchSchedule:
                 raise DataError(f"{path} holds {len(recorded)} offsets, not a multiple of "
                                 f"data.global_batch_size={global_batch_size}: it was recorded with another batch size")
             self.replay = recorded.reshape(-1, global_batch_size)
+            if max_steps is not None and len(self.replay) < max_steps:
+                raise DataError(f"data.replay_from={replay_from} holds the offsets of {len(self.replay)} steps; "
+                                f"run.max_steps={max_steps} needs {max_steps}: lower run.max_steps or replay a longer run")
 
     def offsets(self, step: int) -> np.ndarray:
         """All ranks' offsets of ``step`` (global_batch_size of them)."""
@@ -127,14 +131,22 @@ def eval_offsets(n_tokens: int, seq_len: int, count: int) -> np.ndarray:
 
 class OffsetRecorder:
     """Appends each step's offsets to ``batch_offsets.bin`` (int64, global_batch_size per step), so a run can be
-    audited or replayed. On resume the file is cut back to the resumed step, so it never holds a step twice."""
+    audited or replayed. On resume the file is cut back to the resumed step, so it never holds a step twice; a file
+    that is missing or shorter than the resumed step is completed from ``offsets_of(step)`` (the offsets are a pure
+    function of the seed and the step, or the replayed file's)."""
 
-    def __init__(self, path: Path, global_batch_size: int, start_step: int):
+    def __init__(self, path: Path, global_batch_size: int, start_step: int,
+                 offsets_of: Optional[Callable[[int], np.ndarray]] = None):
         self.path, self.global_batch_size = path, global_batch_size
         path.parent.mkdir(parents=True, exist_ok=True)
-        keep = start_step * global_batch_size * 8
+        step_bytes = global_batch_size * 8
+        size = path.stat().st_size if path.exists() else 0
+        have = min(start_step, size // step_bytes)  # whole steps up to the resumed one
         with open(path, "ab") as f:
-            f.truncate(min(keep, f.tell()))
+            f.truncate(have * step_bytes)
+        if have < start_step and offsets_of is not None:
+            for step in range(have, start_step):
+                self.record(offsets_of(step))
 
     def record(self, offsets: np.ndarray) -> None:
         with open(self.path, "ab") as f:

@@ -20,7 +20,7 @@ import yaml
 
 from launcher import distributed
 from launcher.compare import CompareError
-from launcher.config import ConfigError, arm_names, build_config, describe, load_recipe
+from launcher.config import ConfigError, arm_names, build_config, describe, environment_problems, load_recipe
 from launcher.data import DataError
 from launcher.trainer import train_arm
 
@@ -51,6 +51,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         arms = args.arm or arm_names(tree)
         world = distributed.world_size_from_env()
         configs = [build_config(tree, arm, world) for arm in arms]  # validate every arm before any work starts
+        problems = sorted({p for config in configs for p in environment_problems(config)})
+        if problems:
+            raise ConfigError("this machine cannot run the configuration:\n  - " + "\n  - ".join(problems))
         if args.dry_run:
             for config in configs:
                 print(f"# arm {config.run.arm}\n" + yaml.safe_dump(config.to_dict(), sort_keys=False))

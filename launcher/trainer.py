@@ -34,6 +34,7 @@ from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import Engine, autocast_dtype, build_engine
 from launcher.parallel.tensor import apply_tensor_parallel, check_divisible, head_range
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
+from launcher.run_folder import RunLock, start_fresh_or_resume
 from model import GPT, build_attention, resolve_backend
 
 
@@ -191,12 +192,24 @@ class Trainer:
                                    config.model.vocab_size, dims.tp)
         if problems:
             raise ConfigError("; ".join(problems))
+        self.schedule = BatchSchedule(self.data, config.run.seed, config.data.seq_len, config.data.global_batch_size,
+                                      config.data.micro_batch_size, dims.dp_rank, dims.dp,
+                                      config.data.replay_from or None, config.run.max_steps)
         self.backend = resolve_backend(config.attention, dims.device)
         if self.backend == "triton" and dims.device.type != "cuda":
             raise ConfigError("attention.backend=triton needs a CUDA GPU; use attention.backend=auto or reference on CPU")
         model, self.n_params, flops_per_token = build_model(config, dims)
 
         self.store = CheckpointStore(self.run_dir)
+        self.lock = None
+        if dims.is_logging_rank:  # one process group per run folder; then the folder's earlier run, if any
+            self.lock = RunLock(self.run_dir).acquire()
+            message = start_fresh_or_resume(self.run_dir, self.store.latest(), config.checkpoint.resume,
+                                            config.run.overwrite)
+            if message:
+                print(f"[{config.run.arm}] {message}", flush=True)
+        if dims.distributed:
+            dist.barrier()  # every rank looks for checkpoints after the folder is settled
         latest = self.store.latest() if config.checkpoint.resume else None
         state = self.store.load(latest) if latest is not None else None
         if state is not None:
@@ -212,9 +225,6 @@ class Trainer:
             set_rng_state(state["rng"][min(dims.rank, len(state["rng"]) - 1)])
             self.start_step = state["step"]
 
-        self.schedule = BatchSchedule(self.data, config.run.seed, config.data.seq_len, config.data.global_batch_size,
-                                      config.data.micro_batch_size, dims.dp_rank, dims.dp,
-                                      config.data.replay_from or None)
         self.autocast = autocast_factory(config, dims.device, dims.amax_group)
         logging = dims.is_logging_rank
         if logging:
@@ -230,7 +240,7 @@ class Trainer:
             self.metrics.text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
         self.monitors = self._build_monitors(state)
         self.recorder = OffsetRecorder(self.run_dir / "batch_offsets.bin", config.data.global_batch_size,
-                                       self.start_step) if logging else None
+                                       self.start_step, self.schedule.offsets) if logging else None
 
     def _build_monitors(self, state: Optional[dict]):
         config = self.config
@@ -337,6 +347,8 @@ class Trainer:
                     break
         metrics.close()
         self.engine.close()
+        if self.lock is not None:
+            self.lock.release()
         if step == self.start_step and status == "completed":
             message = "already complete; nothing to train (use another run.experiment or a larger run.max_steps)"
         overhead = f", monitors {self.monitors.overhead_s:.1f}s" if self.monitors is not None else ""

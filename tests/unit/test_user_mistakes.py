@@ -1,0 +1,85 @@
+"""What a new user runs into, through the command line (subprocesses): one-line errors with exit code 2 and nothing
+half-made, a run folder that belongs to one run at a time, batch offsets that survive a deleted file."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launcher.run_folder import RunLock
+from tests.runs import REPO, launcher_env, scalars
+
+
+def cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "launcher.pretrain", *args], cwd=cwd, env=launcher_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(proc) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    return out
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_model=100", "for example set model.d_model=128"),
+    ("run.device=cuda", "no CUDA GPU is visible"),
+    ("precision.fp8_ffn=true", "precision.fp8_ffn=true needs a CUDA GPU"),
+])
+def test_impossible_settings_stop_before_any_folder_exists(tiny_overrides, tmp_path, override, message):
+    for extra in ([], ["--dry-run"]):
+        out = one_line_error(cli("smoke", *tiny_overrides, override, *extra))
+        assert message in out
+        assert not (tmp_path / "runs").exists()
+
+
+def test_an_output_folder_that_cannot_be_made_is_named(tiny_overrides, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    out = one_line_error(cli("smoke", *tiny_overrides, f"run.out_dir={tmp_path / 'a_file' / 'runs'}"))
+    assert "is a file, not a folder" in out
+    out = one_line_error(cli("smoke", *tiny_overrides, "run.out_dir=/proc/no/runs"))
+    assert "cannot create folders in /proc" in out
+
+
+def test_a_second_run_of_the_same_arm_is_refused(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "runs" / "smoke" / "baseline"
+    lock = RunLock(run_dir).acquire()  # as a first run holds it while training
+    try:
+        out = one_line_error(cli("smoke", *tiny_overrides, "--arm", "baseline"))
+        assert "is in use by pid" in out
+    finally:
+        lock.release()
+    assert cli("smoke", *tiny_overrides, "--arm", "baseline").returncode == 0  # free again
+
+
+def test_a_fresh_start_in_a_used_folder_needs_overwrite(tiny_overrides, tmp_path):
+    args = ["smoke", *tiny_overrides, "--arm", "baseline"]
+    assert cli(*args).returncode == 0
+    out = one_line_error(cli(*args, "checkpoint.resume=false"))
+    assert "set run.overwrite=true" in out
+    proc = cli(*args, "checkpoint.resume=false", "run.overwrite=true", "run.max_steps=3", "optim.decay_steps=6")
+    assert proc.returncode == 0 and "started over" in proc.stdout, proc.stdout + proc.stderr
+    losses = scalars(tmp_path / "runs" / "smoke" / "baseline", "train/loss")
+    assert sorted(losses) == [1, 2, 3]  # only the new run's events
+
+
+def test_deleted_batch_offsets_are_rebuilt_on_resume(tiny_overrides, tmp_path):
+    args = ["smoke", *tiny_overrides, "--arm", "baseline", "checkpoint.interval=3"]
+    assert cli(*args, "run.experiment=straight").returncode == 0
+    assert cli(*args, "run.experiment=cut", "run.max_steps=3").returncode == 0
+    offsets = tmp_path / "runs" / "cut" / "baseline" / "batch_offsets.bin"
+    offsets.unlink()
+    assert cli(*args, "run.experiment=cut").returncode == 0
+    straight = tmp_path / "runs" / "straight" / "baseline" / "batch_offsets.bin"
+    assert offsets.read_bytes() == straight.read_bytes() and len(np.fromfile(offsets, dtype=np.int64)) == 6 * 4
+
+
+def test_a_replay_shorter_than_the_run_is_refused(tiny_overrides, tmp_path):
+    assert cli("smoke", *tiny_overrides, "--arm", "baseline", "run.max_steps=3", "optim.decay_steps=3").returncode == 0
+    recorded = tmp_path / "runs" / "smoke" / "baseline" / "batch_offsets.bin"
+    out = one_line_error(cli("smoke", *tiny_overrides, "--arm", "baseline", "run.experiment=replay",
+                             f"data.replay_from={recorded}"))
+    assert "holds the offsets of 3 steps; run.max_steps=6 needs 6" in out
+    assert not (tmp_path / "runs" / "replay").exists()
