@@ -363,7 +363,25 @@ def load_recipe(name_or_path: str, overrides: Optional[list[str]] = None) -> dic
         raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of sections (model:, optim:, ...)")
-    return _merge(data, parse_overrides(overrides or []))
+    extra = parse_overrides(overrides or [])
+    tree = _merge(data, extra)
+    _check_not_replaced_by_arms(tree, extra)
+    return tree
+
+
+def _check_not_replaced_by_arms(tree: dict, overrides: dict) -> None:
+    """An override of ``attention.<field>`` that the recipe's arms set anyway would be silently lost: refuse it."""
+    arms = tree.get("arms") or {}
+    given = overrides.get("attention") or {}
+    if not isinstance(arms, dict) or not isinstance(given, dict):
+        return
+    for name in given:
+        setting = [arm for arm, value in arms.items()
+                   if isinstance(value, dict) and isinstance(value.get("attention"), dict) and name in value["attention"]]
+        if setting:
+            raise ConfigError(f"attention.{name}={given[name]} would be replaced by the recipe's arms "
+                              f"({', '.join(setting)} set attention.{name}); set it per arm instead: "
+                              + " ".join(f"arms.{arm}.attention.{name}=..." for arm in setting))
 
 
 def arm_names(tree: dict) -> list[str]:
@@ -387,6 +405,12 @@ def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int
     if extra:
         raise ConfigError(f"arms.{arm} overrides {', '.join(sorted(extra))}; arms may differ only in 'attention' "
                           "so that the comparison isolates attention numerics. Move those keys to the recipe's top level.")
+    top = tree.get("attention")
+    if isinstance(top, dict) and arms:  # values every arm replaces are still checked where they are written
+        problems = [p for p in attention_problems(_build(AttentionConfig, top, "attention"), "attention")
+                    if not p.startswith("attention.backend=sdpa has fixed")]
+        if problems:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     merged = _merge({k: v for k, v in tree.items() if k != "arms"}, arm_overrides)
     merged.setdefault("run", {})
     merged["run"] = {**merged["run"], "arm": arm}
@@ -437,16 +461,7 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append(f"model.d_model / model.n_head = {m.head_dim} is not a head size the attention kernel supports "
                         f"({', '.join(map(str, KERNEL_HEAD_DIMS))}); for example set {fix}, or use "
                         "attention.backend=sdpa")
-    problems += _choice(a.backend, BACKENDS, "attention.backend")
-    problems += _choice(a.rounding, ROUNDINGS, "attention.rounding")
-    problems += _choice(a.fix, FIXES, "attention.fix")
-    if a.backend == "sdpa" and (a.rounding, a.fix) != ("fa2", "none"):
-        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix} "
-                        "needs attention.backend=triton, reference or auto")
-    if a.fix.startswith("dynamic_max") and a.beta <= 1.0:
-        problems.append(f"attention.beta={a.beta} must be > 1 (the maximum is shifted by (beta - 1) x max)")
-    if a.eps < 0:
-        problems.append(f"attention.eps={a.eps} must be >= 0")
+    problems += attention_problems(a, "attention")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
     problems += _choice(config.precision.fp8_recipe, ("delayed", "current"), "precision.fp8_recipe")
     if p.tensor_parallel < 1 or p.pipeline_parallel < 1:
@@ -497,6 +512,21 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems += layout_problems(config, world_size)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def attention_problems(a: AttentionConfig, where: str) -> list[str]:
+    """Problems of one attention section (``where``: its place in the recipe, for the messages)."""
+    problems = _choice(a.backend, BACKENDS, f"{where}.backend")
+    problems += _choice(a.rounding, ROUNDINGS, f"{where}.rounding")
+    problems += _choice(a.fix, FIXES, f"{where}.fix")
+    if a.backend == "sdpa" and (a.rounding, a.fix) != ("fa2", "none"):
+        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix} "
+                        "needs attention.backend=triton, reference or auto")
+    if a.fix.startswith("dynamic_max") and a.beta <= 1.0:
+        problems.append(f"{where}.beta={a.beta} must be > 1 (the maximum is shifted by (beta - 1) x max)")
+    if a.eps < 0:
+        problems.append(f"{where}.eps={a.eps} must be >= 0")
+    return problems
 
 
 def _batch_problems(config: Config, dp: int, dp_text: str) -> list[str]:

@@ -43,6 +43,26 @@ def parse_args(argv):
     return args
 
 
+def write_report_when_complete(tree: dict, config, completed: set[str]) -> None:
+    """Write the comparison report once every arm of the recipe is complete (``completed`` by this command, or with a
+    final checkpoint from an earlier one); otherwise say how to write it later."""
+    from launcher.checkpoint import CheckpointStore
+    from launcher.compare import write_report
+
+    names = arm_names(tree)
+    if len(names) < 2:
+        return
+    experiment_dir = config.run_dir.parent
+    final = f"step_{config.run.max_steps:08d}.pt"
+    missing = [arm for arm in names if arm not in completed and
+               ((latest := CheckpointStore(experiment_dir / arm).latest()) is None or latest.name != final)]
+    if missing:
+        print(f"[report] not written yet: arm(s) {', '.join(missing)} have not reached step {config.run.max_steps}; "
+              f"once they have, `python -m launcher.compare {experiment_dir}` writes it", flush=True)
+        return
+    write_report(experiment_dir)  # prints its summary and the report's path
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     dims = None
@@ -64,10 +84,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             results.append(train_arm(config, dims))
             if results[-1].status == "interrupted":
                 break  # the user asked to stop: do not start the next arm
-        if dims.is_logging_rank and not args.no_report and len(results) > 1 and results[-1].status != "interrupted":
-            from launcher.compare import write_report
-
-            write_report(configs[0].run_dir.parent)  # prints its summary and the report's path
+        if dims.is_logging_rank and not args.no_report and results[-1].status != "interrupted":
+            write_report_when_complete(tree, configs[0], {r.arm for r in results if r.status == "completed"})
         distributed.shutdown(wait_for_all=True)
     except (ConfigError, DataError, CompareError) as err:
         if int(os.environ.get("RANK", "0")) == 0:  # every rank validates the same input: say it once

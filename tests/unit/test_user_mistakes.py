@@ -83,3 +83,13 @@ def test_a_replay_shorter_than_the_run_is_refused(tiny_overrides, tmp_path):
                              f"data.replay_from={recorded}"))
     assert "holds the offsets of 3 steps; run.max_steps=6 needs 6" in out
     assert not (tmp_path / "runs" / "replay").exists()
+
+
+def test_overrides_the_arms_replace_are_refused_and_arm_runs_explain_the_report(tiny_overrides, tmp_path):
+    out = one_line_error(cli("smoke", *tiny_overrides, "attention.fix=foo"))
+    assert "would be replaced by the recipe's arms" in out and "arms.fixed.attention.fix=..." in out
+    first = cli("smoke", *tiny_overrides, "--arm", "baseline")
+    assert first.returncode == 0 and "python -m launcher.compare" in first.stdout and "fixed" in first.stdout
+    second = cli("smoke", *tiny_overrides, "--arm", "fixed")
+    assert second.returncode == 0 and "report: " in second.stdout, second.stdout
+    assert (tmp_path / "runs" / "smoke" / "report" / "report.html").is_file()
