@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; choose from {_modes()}")
     if not torch.cuda.is_available():
-        print("benchmarks.attention needs a CUDA GPU (run it on the device machine)", file=sys.stderr)
+        print("benchmarks.attention needs a CUDA GPU", file=sys.stderr)
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     import triton

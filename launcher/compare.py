@@ -427,7 +427,27 @@ def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, gr
                          f"(largest relative difference {_fmt(d.max_rel_diff)} at step {d.max_rel_step})")
     if grew is not None:
         lines.append(f"layer whose W_Q spectral norm grew most: {tags.layer_key(grew)}")
+    lines.append(what_it_can_show(max(a.last_step() for a in arms)))
     return "\n".join(lines)
+
+
+# In the paper, GPT-2 small's loss jumps near step 7,000, after W_Q's spectral norm in layer 1 has grown for
+# thousands of steps (Qiu & Yao, arXiv 2510.04212).
+FAILURE_STEP_IN_PAPER = 7000
+
+
+def what_it_can_show(steps: int) -> str:
+    """One line on what a comparison of this length can and cannot show."""
+    if steps < FAILURE_STEP_IN_PAPER // 5:
+        return (f"what this shows: {steps} steps exercise the recipe, both arms' numerics and the monitors; the paper's "
+                f"failure needs thousands of steps (GPT-2 small's loss jumps near step {FAILURE_STEP_IN_PAPER:,}), so "
+                "a loss difference between the arms at this length is rounding noise, not the failure or its fix")
+    if steps < FAILURE_STEP_IN_PAPER:
+        return (f"what this shows: {steps} steps are long enough for the leading indicators (a one-signed cumulative "
+                "delta bias, W_Q spectral growth in an early layer); the paper's loss jump came later "
+                f"(near step {FAILURE_STEP_IN_PAPER:,} of GPT-2 small)")
+    return (f"what this shows: {steps} steps reach the length at which the paper's GPT-2 small diverged; a baseline "
+            "without divergence is still evidence only for this model, data and learning rate")
 
 
 def custom_scalar_layout(arms: list[Arm], grew: Optional[int]) -> dict:
@@ -453,19 +473,19 @@ def custom_scalar_layout(arms: list[Arm], grew: Optional[int]) -> dict:
     return {k: v for k, v in sorted(layout.items()) if v}
 
 
-def write_layout(experiment_dir: Path, layout: dict) -> Optional[Path]:
-    """Write the layout as an event file of the experiment folder (replacing the one written before)."""
+def write_layout(experiment_dir: Path, arm_dir: Path, layout: dict) -> Optional[Path]:
+    """Write the layout as an event file in the folder of one arm (``arm_dir``), replacing any written before.
+    TensorBoard applies a layout found in any run; kept inside an arm, it adds no run of its own to the list."""
     if not layout:
         return None
     from torch.utils.tensorboard import SummaryWriter
 
-    for old in experiment_dir.glob(EVENTS_GLOB):
-        if old.name.endswith(LAYOUT_SUFFIX):
-            old.unlink()
-    writer = SummaryWriter(str(experiment_dir), filename_suffix=LAYOUT_SUFFIX)
+    for old in experiment_dir.rglob(f"{EVENTS_GLOB}{LAYOUT_SUFFIX}"):
+        old.unlink()
+    writer = SummaryWriter(str(arm_dir), filename_suffix=LAYOUT_SUFFIX)
     writer.add_custom_scalars(layout)
     writer.close()
-    return next(experiment_dir.glob(f"{EVENTS_GLOB}{LAYOUT_SUFFIX}"), None)
+    return next(arm_dir.glob(f"{EVENTS_GLOB}{LAYOUT_SUFFIX}"), None)
 
 
 _HOW_TO_READ = """
@@ -550,7 +570,7 @@ def write_report(experiment_dir, out_dir=None, *, layout: bool = True, quiet: bo
     (out_dir / "summary.txt").write_text(summary + "\n")
     report = out_dir / "report.html"
     report.write_text(_html(f"{experiment_dir.name}: {' vs '.join(names)}", summary, figures, out_dir))
-    layout_file = write_layout(experiment_dir, custom_scalar_layout(arms, grew)) if layout else None
+    layout_file = write_layout(experiment_dir, arms[0].path, custom_scalar_layout(arms, grew)) if layout else None
     if not quiet:
         print(summary)
         print(f"report: {report}")

@@ -16,6 +16,7 @@ and for a trained tokenizer DIR/tokenizer.json.
 from __future__ import annotations
 
 import argparse
+import codecs
 import hashlib
 import json
 import lzma
@@ -44,6 +45,55 @@ class PrepareError(RuntimeError):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sources
+
+
+def check_readable(path: Path, kind: str) -> None:
+    """Stop with the file's name if it is empty, or (for text) not UTF-8."""
+    if path.stat().st_size == 0:
+        raise PrepareError(f"{path} is empty: remove it from --source (or from the folder)")
+    if kind != "text":
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        try:
+            while chunk := f.read(1 << 20):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as err:
+            raise PrepareError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start} of a block): remove it "
+                               "from --source or convert it to UTF-8") from None
+
+
+def source_key(source: list[str]) -> list[str]:
+    """The source as recorded in meta.json: paths made absolute, so that one source always compares equal."""
+    return [str(Path(s).resolve()) if Path(s).exists() else s for s in source]
+
+
+def default_out(source: list[str]) -> Path:
+    """data/cache/<name of the first source>: the embedded corpus's folder for kjv, one folder per source otherwise."""
+    first = source[0]
+    if source == ["kjv"]:
+        return Path(EMBEDDED_DATA_DIR)
+    name = Path(first.rstrip("/")).stem if Path(first).exists() else first
+    return Path(EMBEDDED_DATA_DIR).parent / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "data")
+
+
+def check_out_dir(out_dir: Path, source: list[str], force: bool) -> None:
+    """Refuse a folder prepared from another source (unless ``force``) and one that cannot be written."""
+    meta = out_dir / "meta.json"
+    if meta.is_file() and not force:
+        try:
+            previous = json.loads(meta.read_text()).get("source_key") or json.loads(meta.read_text()).get("source")
+        except (OSError, ValueError):
+            previous = None
+        if previous != source_key(source):
+            raise PrepareError(f"{out_dir} already holds data prepared from {previous}; runs and checkpoints may "
+                               "depend on it. Choose another --out, or pass --force to replace it")
+    existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise PrepareError(f"--out {out_dir}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise PrepareError(f"--out {out_dir}: {existing} is not writable")
 
 
 def kjv_documents_file(work_dir: Path) -> Path:
@@ -90,8 +140,15 @@ def load_source(source: list[str], text_field: str, work_dir: Path):
         if not files or unknown or len({builder[k] for k in kinds}) != 1:
             raise PrepareError(f"--source files must all be .txt, all .json/.jsonl or all .parquet; found {sorted(kinds)}")
         kind = builder[kinds.pop()]
+        for f in files:
+            check_readable(Path(f), kind)
         kwargs = {"sample_by": "paragraph"} if kind == "text" else {}
-        ds = datasets.load_dataset(kind, data_files=files, split="train", **kwargs)
+        try:
+            ds = datasets.load_dataset(kind, data_files=files, split="train", **kwargs)
+        except Exception as err:  # datasets wraps parser errors in several types
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise PrepareError(f"could not read the {kind} files of --source ({first}); check that they are valid "
+                               f"{kind}") from None
     elif len(source) == 1 and not any(sep in source[0] for sep in ("./", ".txt", ".json")):
         try:
             ds = datasets.load_dataset(source[0], split="train")
@@ -199,8 +256,11 @@ def write_split(ds, tokenizer, path: Path, num_proc: int) -> int:
 
 
 def prepare(source: list[str], out_dir: Path, tokenizer: str = "auto", vocab_size: int = 8192,
-            val_fraction: float = 0.05, text_field: str = "text", seed: int = 0, num_proc: int = 1) -> dict:
-    """Prepare ``out_dir`` from ``source``; returns the meta dict written to meta.json."""
+            val_fraction: float = 0.05, text_field: str = "text", seed: int = 0, num_proc: int = 1,
+            force: bool = False) -> dict:
+    """Prepare ``out_dir`` from ``source``; returns the meta dict written to meta.json. A folder prepared from another
+    source is replaced only with ``force``."""
+    check_out_dir(out_dir, source, force)
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val-fraction={val_fraction} must be between 0 and 1")
     if vocab_size < 512:
@@ -219,6 +279,7 @@ def prepare(source: list[str], out_dir: Path, tokenizer: str = "auto", vocab_siz
               for name, key in (("train", "train"), ("val", "test"))}
     meta = {
         "source": source,
+        "source_key": source_key(source),
         "tokenizer": tok.name,
         "tokenizer_file": "tokenizer.json" if isinstance(tok, TrainedBpeTokenizer) else None,
         "vocab_size": tok.vocab_size,
@@ -246,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.prepare_data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", nargs="+", default=["kjv"], help="kjv, local files/folders, or a cached HF dataset name")
-    parser.add_argument("--out", default=EMBEDDED_DATA_DIR, help="output folder (default: %(default)s)")
+    parser.add_argument("--out", help="output folder (default: data/cache/<source name>; data/cache/kjv for kjv)")
+    parser.add_argument("--force", action="store_true", help="replace a folder prepared from another source")
     parser.add_argument("--tokenizer", choices=("auto", "gpt2", "bpe"), default="auto",
                         help="gpt2 (tiktoken, needs its cached files), bpe (train one), auto (gpt2 if cached)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained BPE (default: %(default)s)")
@@ -256,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-proc", type=int, default=1, help="processes for tokenization")
     args = parser.parse_args(argv)
     try:
-        prepare(args.source, Path(args.out), args.tokenizer, args.vocab_size, args.val_fraction, args.text_field,
-                args.seed, args.num_proc)
+        out = Path(args.out) if args.out else default_out(args.source)
+        prepare(args.source, out, args.tokenizer, args.vocab_size, args.val_fraction, args.text_field, args.seed,
+                args.num_proc, args.force)
     except PrepareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -74,11 +74,12 @@ def test_report_has_every_file_and_finds_the_planted_divergence(experiment, caps
     summary = (out_dir / "summary.txt").read_text()
     assert f"fixed vs baseline: diverge at step {DIVERGE_AT}" in summary
     assert "grew most: L01" in summary
+    assert "what this shows: " in summary and "rounding noise, not the failure" in summary  # a short run
     assert summary.strip() in capsys.readouterr().out
-    layout_files = list(experiment.glob("events.out.tfevents.*.layout"))
-    assert len(layout_files) == 1
+    layout_files = list(experiment.rglob("events.out.tfevents.*.layout"))
+    assert len(layout_files) == 1 and layout_files[0].parent.parent == experiment  # in an arm: no run of its own
     compare.write_report(experiment, quiet=True)  # running again replaces the layout instead of adding one
-    assert len(list(experiment.glob("events.out.tfevents.*.layout"))) == 1
+    assert len(list(experiment.rglob("events.out.tfevents.*.layout"))) == 1
 
 
 def test_layout_overlays_arms_chart_by_chart(experiment):

@@ -84,6 +84,7 @@ def test_tensorboard_serves_both_arms_spectral_tags(tmp_path):
         layout = get_json(port, "/data/plugin/custom_scalars/layout")
         titles = {chart["title"] for category in layout["category"] for chart in category["chart"]}
         assert "spectral/L01/wq" in titles
+        assert sorted(get_json(port, "/data/runs")) == ["baseline", "fixed"]  # the layout adds no run of its own
     finally:
         proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -93,3 +93,26 @@ def test_overrides_the_arms_replace_are_refused_and_arm_runs_explain_the_report(
     second = cli("smoke", *tiny_overrides, "--arm", "fixed")
     assert second.returncode == 0 and "report: " in second.stdout, second.stdout
     assert (tmp_path / "runs" / "smoke" / "report" / "report.html").is_file()
+
+
+def prepare_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "launcher.prepare_data", *args], cwd=cwd, env=launcher_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_prepare_data_names_bad_files_and_keeps_other_prepared_folders(tmp_path):
+    texts = tmp_path / "my_texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("First document.\n\nSecond document, a little longer.\n\nThird one.\n")
+    (texts / "empty.txt").write_text("")
+    out = one_line_error(prepare_cli("--source", str(texts), cwd=tmp_path))
+    assert f"{texts / 'empty.txt'} is empty" in out
+    (texts / "empty.txt").write_bytes(bytes(range(128, 256)))
+    assert "is not UTF-8 text" in one_line_error(prepare_cli("--source", str(texts), cwd=tmp_path))
+    (texts / "empty.txt").unlink()
+    done = prepare_cli("--source", str(texts), "--vocab-size", "600", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "data" / "cache" / "my_texts" / "meta.json").is_file()  # named after the source
+    # a folder prepared from another source is not replaced without --force
+    out = one_line_error(prepare_cli("--source", "kjv", "--out", "data/cache/my_texts", cwd=tmp_path))
+    assert "already holds data prepared from" in out and "--force" in out
