@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from launcher.compare import load_scalars
 from launcher.config import arm_names, load_recipe
 from launcher.monitors import tags
 
@@ -29,13 +31,19 @@ LAYOUTS = {  # name: (processes, overrides)
     "dp2_zero2": (2, ["parallel.zero_stage=2"]),
     "dp2_zero3": (2, ["parallel.zero_stage=3"]),
     "tp2": (2, ["parallel.tensor_parallel=2"]),
+    "pp2": (2, ["parallel.pipeline_parallel=2"]),
+    "tp2_pp2": (4, ["parallel.tensor_parallel=2", "parallel.pipeline_parallel=2"]),
 }
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_layout(recipe: str, arm: str, name: str, steps: int, out_dir: Path, overrides: list[str]) -> dict:
-    from tests.runs import all_scalars, free_port  # the TensorBoard reader the tests use
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
+
+def run_layout(recipe: str, arm: str, name: str, steps: int, out_dir: Path, overrides: list[str]) -> dict:
     nproc, layout = LAYOUTS[name]
     args = ["-m", "launcher.pretrain", recipe, "--arm", arm, "--no-report", f"run.out_dir={out_dir}", f"run.experiment={name}",
             f"run.max_steps={steps}", "run.log_interval=1", "eval.interval=0", "monitor.spectral_interval=0",
@@ -47,8 +55,9 @@ def run_layout(recipe: str, arm: str, name: str, steps: int, out_dir: Path, over
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"[layouts] {name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    scalars = all_scalars(out_dir / name / arm)
-    return {"gpus": nproc, "log": proc.stdout, **{k: scalars.get(k, {}) for k in
+    scalars = load_scalars(out_dir / name / arm)
+    as_dict = {tag: dict(zip(steps.tolist(), values.tolist())) for tag, (steps, values) in scalars.items()}
+    return {"gpus": nproc, "log": proc.stdout, **{k: as_dict.get(k, {}) for k in
                                                  (tags.TRAIN_LOSS, tags.TOKENS_PER_S, tags.MAX_MEMORY_GB)}}
 
 

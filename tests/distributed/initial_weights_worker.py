@@ -19,7 +19,6 @@ from launcher.checkpoint import gather_training_state
 from launcher.config import load_config
 from launcher.monitors import Monitors
 from launcher.parallel import dims as parallel_dims
-from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import build_engine
 from launcher.trainer import build_model
 from model import GPT, build_attention

@@ -1,7 +1,6 @@
 """Checkpoint files: format check, shape mismatches named with both shapes (in-process, CPU)."""
 
 import pytest
-import torch
 
 from launcher.checkpoint import FORMAT, CheckpointStore, check_fits
 from launcher.config import ConfigError
