@@ -196,8 +196,6 @@ class Trainer:
                                       config.data.micro_batch_size, dims.dp_rank, dims.dp,
                                       config.data.replay_from or None, config.run.max_steps)
         self.backend = resolve_backend(config.attention, dims.device)
-        if self.backend == "triton" and dims.device.type != "cuda":
-            raise ConfigError("attention.backend=triton needs a CUDA GPU; use attention.backend=auto or reference on CPU")
         model, self.n_params, flops_per_token = build_model(config, dims)
 
         self.store = CheckpointStore(self.run_dir)

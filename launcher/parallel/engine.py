@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.config import Config, ConfigError
+from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.tensor import shard_of
 
@@ -239,29 +239,27 @@ class ZeroEngine(Engine):
     """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel).
 
     Besides DeepSpeed's public API (initialize, backward, step, GatheredParameters, the safe_get/set_full_* tensor
-    accessors) it uses a few attributes of the ZeRO optimizer: its gradient-norm functions and gradient partitions
-    (the guard's veto) and its flat FP32 partitions (restoring Adam state). deepspeed is pinned (pyproject.toml), and
-    tests/distributed fails if any of these changes meaning."""
+    accessors) it uses a few attributes of the ZeRO optimizer: the inner torch optimizer and the global norm stashed
+    before it runs (the guard's veto), the flat FP32 partitions and the fragment links to Adam's moments (restoring
+    Adam state). deepspeed is pinned (pyproject.toml), and tests/distributed fails if any of these changes meaning."""
 
     def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
-        try:
-            import deepspeed
-        except ImportError as err:
-            raise ConfigError(f"parallel.zero_stage={config.parallel.zero_stage} needs DeepSpeed ({err}); install this "
-                              "package again (pip install -e .) or set parallel.zero_stage=0") from None
-
         self.model, self.dims, self.config = model, dims, config
         self.stage = config.parallel.zero_stage
-        ds_config = deepspeed_config(config, dims)
-        if run_dir is not None and dims.is_logging_rank:
+        self._start_deepspeed(deepspeed_config(config, dims, self.stage), run_dir, mpu=dims if dims.distributed else None)
+        self.forward = torch.compile(self.ds) if config.run.compile else self.ds
+
+    def _start_deepspeed(self, ds_config: dict, run_dir: Optional[Path], mpu) -> None:
+        """deepspeed.initialize around ``self.model`` with the recipe's AdamW; the JSON config goes to the run folder."""
+        import deepspeed
+
+        if run_dir is not None and self.dims.is_logging_rank:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
-        optimizer = build_optimizer(model, config, dims.device)
-        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
-                                                             mpu=dims if dims.distributed else None,
-                                                             dist_init_required=False)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.forward = torch.compile(self.ds) if config.run.compile else self.ds
+        optimizer = build_optimizer(self.model, self.config, self.dims.device)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=self.model, optimizer=optimizer, config=ds_config,
+                                                             mpu=mpu, dist_init_required=False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self._linked_at_step = -1
 
     def describe(self) -> str:
@@ -284,11 +282,17 @@ class ZeroEngine(Engine):
         return loss_sum / len(micro_batches)
 
     def step(self, lr, veto):
+        return self._vetoed_step(lr, veto, self.ds.step)
+
+    def _vetoed_step(self, lr: float, veto: Callable[[float], Optional[str]],
+                     run: Callable[[], object]) -> tuple[float, Optional[str]]:
+        """``run()`` (DeepSpeed's step, or a whole pipeline batch) at learning rate ``lr``, its updates subject to
+        ``veto``; returns (the global gradient norm, the objection or None)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         decision: dict[str, Optional[str]] = {}
         with self._vetoed_updates(veto, decision):
-            self.ds.step()
+            run()
         norm = float(self.ds.get_global_grad_norm())
         if "problem" not in decision:  # dropped by DeepSpeed: a NaN/inf gradient norm
             decision["problem"] = veto(norm)
@@ -377,7 +381,7 @@ class ZeroEngine(Engine):
                 safe_set_full_optimizer_state(param, states[name][key].to(self.dims.device), key)
 
 
-def deepspeed_config(config: Config, dims: ParallelDims) -> dict:
+def deepspeed_config(config: Config, dims: ParallelDims, zero_stage: int) -> dict:
     """DeepSpeed's JSON config, derived from the typed config (written to the run folder for reference)."""
     data = config.data
     accumulation = data.global_batch_size // (data.micro_batch_size * dims.dp)
@@ -390,7 +394,7 @@ def deepspeed_config(config: Config, dims: ParallelDims) -> dict:
         # engine's forward runs in torch autocast only if this section enables it (it disables an outer one).
         "torch_autocast": {"enabled": autocast_dtype(config, dims.device) == "bf16", "dtype": "bfloat16",
                            "lower_precision_safe_modules": []},
-        "zero_optimization": {"stage": config.parallel.zero_stage},
+        "zero_optimization": {"stage": zero_stage},
         "steps_per_print": 2**31 - 1,  # the trainer prints progress
         "wall_clock_breakdown": False,
     }

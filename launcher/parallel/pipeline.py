@@ -21,7 +21,6 @@ data-parallel ranks, sent to every rank before anything is updated.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -31,7 +30,7 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import ZeroEngine, build_optimizer, checkpointed, deepspeed_config, named_parameters
+from launcher.parallel.engine import ZeroEngine, checkpointed, deepspeed_config, named_parameters
 
 
 class TokenEmbedding(nn.Module):
@@ -94,16 +93,8 @@ class PipelineEngine(ZeroEngine):
         self.model = stage
         self.first_layer = stage._local_start  # index of this stage's first layer in the list above
 
-        ds_config = deepspeed_config(config, dims)
-        ds_config["zero_optimization"] = {"stage": 1}
-        if run_dir is not None and dims.is_logging_rank:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
-        optimizer = build_optimizer(stage, config, dims.device)
-        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=stage, optimizer=optimizer, config=ds_config,
-                                                             dist_init_required=False)
-        self.params = [p for p in stage.parameters() if p.requires_grad]
-        self._linked_at_step = -1
+        # the pipeline module brings its own topology as DeepSpeed's mpu
+        self._start_deepspeed(deepspeed_config(config, dims, zero_stage=1), run_dir, mpu=None)
         self.is_last_stage = dims.pp_rank == dims.pp - 1
 
     def describe(self) -> str:
@@ -143,21 +134,14 @@ class PipelineEngine(ZeroEngine):
     def train_step(self, micro_batches, autocast, lr, veto):
         # DeepSpeed's engine enters the run's autocast itself (its torch_autocast section); FP8 is not supported here.
         self.micro_losses.clear()
-        decision: dict[str, Optional[str]] = {}
         loss: dict[str, float] = {}
 
-        def judge(grad_norm: float) -> Optional[str]:
+        def judge(grad_norm: float) -> Optional[str]:  # the loss exists only now, inside the optimizer step
             loss["value"] = self._stage_loss()
             return veto(loss["value"], grad_norm)
 
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        with self._vetoed_updates(judge, decision):
-            self.ds.train_batch(data_iter=iter(micro_batches))
-        norm = float(self.ds.get_global_grad_norm())
-        if "problem" not in decision:  # dropped by DeepSpeed: a NaN/inf gradient norm
-            decision["problem"] = judge(norm)
-        return loss["value"], norm, decision["problem"]
+        norm, problem = self._vetoed_step(lr, judge, lambda: self.ds.train_batch(data_iter=iter(micro_batches)))
+        return loss["value"], norm, problem
 
     @torch.no_grad()
     def eval_loss(self, batches, autocast):
