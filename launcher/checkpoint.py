@@ -1,7 +1,8 @@
 """Checkpoints that outlive interruption and layout.
 
 A checkpoint holds full (unsplit) FP32 tensors under the single-device model's parameter names, whatever layout wrote
-it: the parameters, and Adam's two moments per parameter with the optimizer's step count. Writing assembles each
+it: the parameters, Adam's two moments per parameter with the optimizer's step count, and the FP8 FFNs' delayed-scaling
+state (scales and amax histories by module name; launcher/fp8.py). Writing assembles each
 parameter from its ZeRO partitions (data parallel) and tensor-parallel slices, one parameter at a time, on the
 logging rank; loading gives every rank its slice of each tensor. So a run saved with TP2 x DP2 under ZeRO-2 resumes
 with one process, and the reverse, with the same optimizer state (tests/distributed).
@@ -27,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.config import ConfigError
+from launcher.config import ConfigError, PrecisionConfig
+from launcher.fp8 import load_scaling_state, scaling_state
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import ADAM_STATE_KEYS, Engine, named_parameters
 from launcher.parallel.tensor import gather_full, shard_of
@@ -120,16 +122,21 @@ def gather_training_state(engine: Engine, dims: ParallelDims) -> Optional[dict]:
                 moments[name] = {k: v.cpu() for k, v in full_state.items()}
     if not stage_leader:
         return None
+    # FP8 delayed-scaling state: the same on every rank of a stage (reduced over its amax group)
+    fp8 = scaling_state(engine.blocks())
     if dims.pp > 1:  # the stage leaders form one pipeline group, with the logging rank first
         stages = [None] * dims.pp if dims.is_logging_rank else None
-        dist.gather_object((params, moments), stages, dst=dist.get_global_rank(dims.pp_group, 0), group=dims.pp_group)
+        dist.gather_object((params, moments, fp8), stages, dst=dist.get_global_rank(dims.pp_group, 0),
+                           group=dims.pp_group)
         if not dims.is_logging_rank:
             return None
-        params, moments = {}, {}
-        for stage_params, stage_moments in stages:
+        params, moments, fp8 = {}, {}, {}
+        for stage_params, stage_moments, stage_fp8 in stages:
             params.update({k: v for k, v in stage_params.items() if k not in params})
             moments.update({k: v for k, v in stage_moments.items() if k not in moments})
-    return {"format": FORMAT, "model": params, "optimizer": {"adam_step": adam_step, "state": moments}}
+            fp8.update(stage_fp8)
+    return {"format": FORMAT, "model": params, "optimizer": {"adam_step": adam_step, "state": moments},
+            "fp8_scaling": fp8}
 
 
 def _local(full: torch.Tensor, param: nn.Parameter, dims: ParallelDims) -> torch.Tensor:
@@ -172,3 +179,10 @@ def load_optimizer_state(engine: Engine, state: dict, dims: ParallelDims) -> Non
     states = {name: {k: _local(optim["state"][name][k], p, dims) for k in ADAM_STATE_KEYS}
               for name, p in engine.named_parameters()}
     engine.load_optimizer_state(states, optim["adam_step"])
+
+
+def load_fp8_scaling(engine: Engine, state: dict, precision: PrecisionConfig) -> None:
+    """Install the saved FP8 delayed-scaling state into this rank's FP8 FFNs (none saved: they start fresh, as a new
+    run does; e.g. a checkpoint written with BF16 FFNs)."""
+    if precision.fp8_ffn and state.get("fp8_scaling"):
+        load_scaling_state(engine.blocks(), state["fp8_scaling"], precision)

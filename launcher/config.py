@@ -42,7 +42,9 @@ class PrecisionConfig:
     fp8_ffn: bool = False
     """Run the FFN matrices (mlp.fc_in, mlp.fc_out) in FP8 through Transformer Engine (GPU only)."""
     fp8_recipe: str = "delayed"
-    """Transformer Engine FP8 scaling recipe for the FFN: delayed (DelayedScaling) or current (Float8CurrentScaling)."""
+    """Transformer Engine FP8 scaling recipe for the FFN: delayed (DelayedScaling: per-tensor scales from an amax
+    history), current (Float8CurrentScaling: per-tensor scales from the tensor itself) or block (Float8BlockScaling:
+    1x128 and 128x128 block scales, Hopper and newer)."""
 
 
 @dataclass
@@ -429,6 +431,22 @@ def load_config(name_or_path: str, overrides: Optional[list[str]] = None, arm: O
 # Validation
 
 
+def _fp8_problems(m: GPTConfig, p: ParallelConfig, recipe: str) -> list[str]:
+    """What prevents FP8 FFNs (Transformer Engine) from running this model and layout."""
+    problems = []
+    if p.activation_checkpointing and recipe == "delayed":
+        problems.append("precision.fp8_recipe=delayed with parallel.activation_checkpointing=true: the recomputed "
+                        "forward would quantize with the scales already updated for the next step, not those of the "
+                        "forward it replays; use precision.fp8_recipe=current or block (no state), or turn "
+                        "activation checkpointing off")
+    hidden = m.ffn_mult * m.d_model
+    if m.d_model % 16 or hidden % (16 * max(p.tensor_parallel, 1)):
+        problems.append(f"FP8 matrix multiplies need dimensions divisible by 16: model.d_model={m.d_model} and the "
+                        f"FFN width per tensor-parallel rank ({hidden} / {p.tensor_parallel}) must be; change "
+                        "model.d_model")
+    return problems
+
+
 def _choice(value: str, choices: tuple, where: str) -> list[str]:
     return [] if value in choices else [f"{where}={value!r} is not one of: {', '.join(choices)}"]
 
@@ -463,7 +481,7 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                         "attention.backend=sdpa")
     problems += attention_problems(a, "attention")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
-    problems += _choice(config.precision.fp8_recipe, ("delayed", "current"), "precision.fp8_recipe")
+    problems += _choice(config.precision.fp8_recipe, ("delayed", "current", "block"), "precision.fp8_recipe")
     if p.tensor_parallel < 1 or p.pipeline_parallel < 1:
         problems.append("parallel.tensor_parallel and parallel.pipeline_parallel must be >= 1")
     if p.zero_stage not in (0, 1, 2, 3):
@@ -477,9 +495,8 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         if m.n_layer > 0 and p.pipeline_parallel > m.n_layer:
             problems.append(f"parallel.pipeline_parallel={p.pipeline_parallel} stages for model.n_layer={m.n_layer} "
                             "blocks: use at most one stage per block")
-    if config.precision.fp8_ffn and (p.tensor_parallel > 1 or p.zero_stage > 0 or p.pipeline_parallel > 1):
-        problems.append("precision.fp8_ffn=true runs with plain data parallelism (zero_stage=0, tensor_parallel=1, "
-                        "pipeline_parallel=1) in this version; turn one of them off")
+    if config.precision.fp8_ffn:
+        problems += _fp8_problems(m, p, config.precision.fp8_recipe)
     if p.tensor_parallel > 1 and m.n_head > 0 and m.d_model > 0:
         from launcher.parallel.tensor import check_divisible
 

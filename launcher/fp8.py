@@ -1,19 +1,47 @@
-"""FP8 FFN through Transformer Engine, applied to a plain GPT from outside.
+"""FP8 FFNs through Transformer Engine, applied to a plain (possibly tensor-split) GPT from outside.
 
-The model's MLP matrices (``mlp.fc_in``, ``mlp.fc_out``) are swapped for ``transformer_engine.pytorch.Linear`` with
-the same weights; attention projections stay in BF16, as in the industrial setting the paper studies. FP8 is then
-switched on for the forward pass by :func:`fp8_context`, which the trainer enters inside its BF16 autocast.
+Each block's ``ln2`` and ``mlp`` become one :class:`FP8FeedForward`: TE's fused ``LayerNormMLP`` (LayerNorm, fc1,
+tanh-GELU, fc2 in one module, so the GELU output is cast to FP8 inside the fused kernel instead of going through
+memory in BF16) holding the same weights. The block keeps its structure, ``x + mlp(ln2(x))``, with ``ln2`` an
+identity. Attention projections stay in BF16, as in the industrial setting the paper studies.
+
+Layouts:
+- tensor parallel: TE's own column (fc1) and row (fc2) parallel modes over the tensor-parallel group, holding the
+  slices :mod:`launcher.parallel.tensor` cut; TE does the MLP's two collectives itself.
+- every layout: the module enters ``te.autocast`` around its own call, with the FP8 amax reduction group = the
+  tensor x data-parallel ranks of its pipeline stage (``ParallelDims.amax_group``). Owning the context makes FP8
+  independent of who calls the forward (the trainer, DeepSpeed's ZeRO engine, DeepSpeed's pipeline schedule, the
+  monitors' probe), and the group never spans pipeline stages: a collective over stages that run different
+  micro-batches would hang (TransformerEngine#1006, Megatron-LM#912).
+
+Names: the fused module's parameters are reported under the plain model's names (``blocks.3.ln2.weight``,
+``blocks.3.mlp.fc_in.weight``, ...; :func:`canonical_name`), so checkpoints, monitors and layouts see one model.
+The plain model's LayerNorms have no bias; TE's LayerNorm always adds one, which then is a constant zero buffer.
+
+Delayed scaling keeps state (per-tensor scales and amax histories). :func:`scaling_state` /
+:func:`load_scaling_state` move it in and out of checkpoints as plain tensors; TE's own ``get_extra_state`` pickles
+it, and TE refuses to unpickle that without an opt-in to unsafe loading.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
 from torch import nn
 
 from launcher.config import PrecisionConfig
+from launcher.parallel.dims import ParallelDims
+
+RECIPES = ("delayed", "current", "block")
+
+# fused module's parameter -> the plain model's name, relative to a block
+_FUSED_NAMES = {"mlp.fused.layer_norm_weight": "ln2.weight", "mlp.fused.layer_norm_bias": "ln2.bias",
+                "mlp.fused.fc1_weight": "mlp.fc_in.weight", "mlp.fused.fc1_bias": "mlp.fc_in.bias",
+                "mlp.fused.fc2_weight": "mlp.fc_out.weight", "mlp.fused.fc2_bias": "mlp.fc_out.bias"}
+# checkpoint key -> (TE's fp8_meta entry, attribute of its recipe state)
+_SCALING_TENSORS = {"scale_fwd": ("scaling_fwd", "scale"), "amax_history_fwd": ("scaling_fwd", "amax_history"),
+                    "scale_bwd": ("scaling_bwd", "scale"), "amax_history_bwd": ("scaling_bwd", "amax_history")}
 
 
 class FP8Unavailable(RuntimeError):
@@ -30,44 +58,133 @@ def _te():
 
 
 def make_recipe(precision: PrecisionConfig):
+    """TE's scaling recipe: delayed (per-tensor scales from an amax history; the default), current (per-tensor
+    scales from the tensor itself) or block (Hopper 1x128 / 128x128 block scales, as in DeepSeek-V3)."""
     from transformer_engine.common import recipe
 
     if precision.fp8_recipe == "current":
         return recipe.Float8CurrentScaling()
+    if precision.fp8_recipe == "block":
+        return recipe.Float8BlockScaling()
     # HYBRID: E4M3 forward (activations, weights), E5M2 backward (gradients), the usual training split.
     return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
 
 
-def apply_fp8_ffn(model: nn.Module, device: torch.device) -> int:
-    """Replace every ``mlp.fc_in``/``mlp.fc_out`` by a TE Linear holding the same parameters; returns the count."""
-    if device.type != "cuda":
+def canonical_name(name: str) -> str:
+    """The plain model's name of a parameter of a fused FP8 FFN (other names are returned unchanged)."""
+    head, sep, tail = name.rpartition(".mlp.fused.")
+    if not sep:
+        return name
+    return f"{head}.{_FUSED_NAMES['mlp.fused.' + tail]}"
+
+
+class _WeightView:
+    """Stands in for ``mlp.fc_in`` / ``mlp.fc_out`` where code reads a linear layer's ``weight`` (the monitors)."""
+
+    def __init__(self, weight: nn.Parameter):
+        self.weight = weight
+
+
+class FP8FeedForward(nn.Module):
+    """``ln2`` + MLP of one block as TE's fused LayerNormMLP, run in FP8 under its own ``te.autocast``."""
+
+    def __init__(self, ln: nn.LayerNorm, mlp: nn.Module, precision: PrecisionConfig, dims: ParallelDims):
+        super().__init__()
+        te = _te()
+        fc_in, fc_out = mlp.fc_in, mlp.fc_out
+        hidden = fc_in.out_features * dims.tp  # TE takes the full width and splits it itself
+        self.fused = te.LayerNormMLP(
+            fc_in.in_features, hidden, eps=ln.eps, bias=fc_in.bias is not None, normalization="LayerNorm",
+            activation="gelu",  # TE's GELU is the tanh approximation, as in model.gpt.MLP
+            set_parallel_mode=dims.tp > 1, tp_group=dims.tp_group if dims.tp > 1 else None, tp_size=dims.tp,
+            params_dtype=torch.float32, device=dims.device)
+        fused = self.fused
+        with torch.no_grad():
+            fused.layer_norm_weight.copy_(ln.weight)
+            fused.fc1_weight.copy_(fc_in.weight)  # this rank's slices, as cut by tensor parallelism
+            fused.fc2_weight.copy_(fc_out.weight)
+            if fc_in.bias is not None:
+                fused.fc1_bias.copy_(fc_in.bias)
+                fused.fc2_bias.copy_(fc_out.bias)
+            if ln.bias is not None:
+                fused.layer_norm_bias.copy_(ln.bias)
+            else:  # the plain model's LayerNorm has no shift: TE's becomes a constant zero, not a parameter
+                del fused._parameters["layer_norm_bias"]
+                fused.register_buffer("layer_norm_bias", torch.zeros(ln.normalized_shape, device=dims.device),
+                                      persistent=False)
+        # the tensor-parallel split of each parameter, as recorded by launcher.parallel.tensor
+        for src, dst in ((fc_in.weight, fused.fc1_weight), (fc_out.weight, fused.fc2_weight),
+                         (getattr(fc_in, "bias", None), getattr(fused, "fc1_bias", None))):
+            _copy_split(src, dst)
+        self.dropout = mlp.dropout
+        self.recipe = make_recipe(precision)
+        self.amax_group = dims.amax_group if dims.distributed else None
+        self.fp8 = True  # False runs the fused module in the ambient precision (tests compare it to the plain MLP)
+        self.fc_in, self.fc_out = _WeightView(fused.fc1_weight), _WeightView(fused.fc2_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        te = _te()
+        with te.autocast(enabled=self.fp8, recipe=self.recipe, amax_reduction_group=self.amax_group):
+            y = self.fused(x)
+        return self.dropout(y)
+
+
+def _copy_split(src: Optional[torch.Tensor], dst: Optional[torch.Tensor]) -> None:
+    from launcher.parallel.tensor import mark_sharded, shard_of
+
+    if src is not None and dst is not None and shard_of(src) is not None:
+        mark_sharded(dst, shard_of(src))
+
+
+def apply_fp8_ffn(blocks, precision: PrecisionConfig, dims: ParallelDims) -> int:
+    """Fuse ``ln2`` + ``mlp`` of each block into an :class:`FP8FeedForward` on ``dims.device`` (in place); returns
+    the number of blocks changed. ``blocks``: the model's blocks, or a pipeline stage's."""
+    if dims.device.type != "cuda":
         raise FP8Unavailable("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on CPU")
-    te = _te()
-    swapped = 0
-    for block in model.blocks:
-        for name in ("fc_in", "fc_out"):
-            old: nn.Linear = getattr(block.mlp, name)
-            if old.in_features % 16 or old.out_features % 16:
-                raise FP8Unavailable(f"FP8 GEMMs need dimensions divisible by 16; {name} is "
-                                     f"{old.in_features}x{old.out_features}: change model.d_model")
-            new = te.Linear(old.in_features, old.out_features, bias=old.bias is not None,
-                            params_dtype=old.weight.dtype, device=device)
-            with torch.no_grad():
-                new.weight.copy_(old.weight)
-                if old.bias is not None:
-                    new.bias.copy_(old.bias)
-            setattr(block.mlp, name, new)
-            swapped += 1
-    return swapped
+    count = 0
+    for block in blocks:
+        if isinstance(block.mlp, FP8FeedForward):
+            continue
+        block.mlp = FP8FeedForward(block.ln2, block.mlp, precision, dims)
+        block.ln2 = nn.Identity()
+        count += 1
+    return count
 
 
-def fp8_context(precision: PrecisionConfig, group: Optional[object] = None):
-    """Context manager enabling FP8 for TE modules (a no-op when fp8_ffn is off). ``group`` reduces amax across
-    data-parallel ranks so every rank uses the same scales."""
-    if not precision.fp8_ffn:
-        return contextlib.nullcontext()
-    te = _te()
-    recipe = make_recipe(precision)
-    if hasattr(te, "autocast"):  # TE >= 2.x: fp8_autocast is deprecated
-        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=group)
+def fp8_modules(blocks: dict[int, nn.Module]) -> dict[str, nn.Module]:
+    """{"blocks.{i}.mlp": TE module} of the given blocks (by global layer index) that run in FP8."""
+    return {f"blocks.{i}.mlp": b.mlp.fused for i, b in blocks.items() if isinstance(b.mlp, FP8FeedForward)}
+
+
+def scaling_state(blocks: dict[int, nn.Module]) -> dict[str, dict[str, torch.Tensor]]:
+    """Delayed-scaling state (scales and amax histories, on the CPU) of the given blocks' FP8 FFNs; empty for
+    stateless recipes and before the first FP8 step. Identical on the ranks of an amax group (reduced there)."""
+    state = {}
+    for name, module in fp8_modules(blocks).items():
+        meta = module.fp8_meta
+        if "scaling_fwd" not in meta or not hasattr(meta["scaling_fwd"], "amax_history"):
+            continue
+        state[name] = {key: getattr(meta[entry], attr).detach().cpu().clone()
+                       for key, (entry, attr) in _SCALING_TENSORS.items()}
+    return state
+
+
+def load_scaling_state(blocks: dict[int, nn.Module], state: dict, precision: PrecisionConfig) -> int:
+    """Install saved delayed-scaling state into the given blocks' FP8 FFNs before their first step; returns how
+    many modules received state. State of another recipe, or of modules not here, is ignored."""
+    if precision.fp8_recipe != "delayed":
+        return 0
+    loaded = 0
+    for name, module in fp8_modules(blocks).items():
+        saved = state.get(name)
+        if saved is None:
+            continue
+        meta = module.fp8_meta
+        meta["recipe"] = make_recipe(precision)
+        meta["num_gemms"] = 2  # fc1 and fc2
+        module.init_fp8_meta_tensors(meta["recipe"])  # TE's first forward keeps tensors that already exist
+        with torch.no_grad():
+            for key, (entry, attr) in _SCALING_TENSORS.items():
+                getattr(meta[entry], attr).copy_(saved[key])
+        loaded += 1
+    return loaded

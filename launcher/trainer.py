@@ -25,8 +25,8 @@ import torch.distributed as dist
 import yaml
 
 from launcher import distributed
-from launcher.checkpoint import (CheckpointStore, check_fits, gather_training_state, load_optimizer_state,
-                                 load_parameters, rng_state, set_rng_state)
+from launcher.checkpoint import (CheckpointStore, check_fits, gather_training_state, load_fp8_scaling,
+                                 load_optimizer_state, load_parameters, rng_state, set_rng_state)
 from launcher.config import Config, ConfigError, OptimConfig
 from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
 from launcher.metrics import Metrics, peak_tflops
@@ -133,20 +133,15 @@ class Guard:
         self.__dict__.update({k: state[k] for k in ("loss_mean", "grad_mean", "good_steps", "bad_steps")})
 
 
-def autocast_factory(config: Config, device: torch.device, amax_group=None):
-    """Zero-arg callable returning the forward-pass precision context (BF16 autocast, plus FP8 for TE modules).
-    ``amax_group``: the ranks whose FP8 scaling factors are reduced together (tensor x data parallel)."""
+def autocast_factory(config: Config, device: torch.device):
+    """Zero-arg callable returning the forward-pass precision context: BF16 autocast, or none. (FP8 FFNs enter
+    Transformer Engine's context themselves; launcher/fp8.py.)"""
     dtype = autocast_dtype(config, device)
 
     def context():
-        stack = contextlib.ExitStack()
         if dtype == "bf16":
-            stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
-        if config.precision.fp8_ffn:
-            from launcher.fp8 import fp8_context
-
-            stack.enter_context(fp8_context(config.precision, amax_group))
-        return stack
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     return context
 
@@ -219,11 +214,12 @@ class Trainer:
         self.start_step = 0
         if state is not None:
             load_optimizer_state(self.engine, state, dims)
+            load_fp8_scaling(self.engine, state, config.precision)
             self.guard.load_state_dict(state["guard"])
             set_rng_state(state["rng"][min(dims.rank, len(state["rng"]) - 1)])
             self.start_step = state["step"]
 
-        self.autocast = autocast_factory(config, dims.device, dims.amax_group)
+        self.autocast = autocast_factory(config, dims.device)
         logging = dims.is_logging_rank
         if logging:
             self.run_dir.mkdir(parents=True, exist_ok=True)

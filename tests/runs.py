@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,7 +52,17 @@ def launch(args: list[str], nproc: int = 1, module: str = "launcher.pretrain", t
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
                "127.0.0.1", "--master-port", str(free_port()), "-m", module, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=launcher_env(), capture_output=True, text=True, timeout=timeout)
+    # own process group: a run that hangs past the timeout is killed with all of torchrun's workers
+    with subprocess.Popen(cmd, cwd=REPO, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            stdout, stderr = popen.communicate()
+            raise AssertionError(f"timed out after {timeout} s (a hang?): {' '.join(cmd)}\n{stdout[-3000:]}\n"
+                                 f"{stderr[-3000:]}") from None
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         # the workers' own errors come before torchrun's summary: keep the lines that say what went wrong
         lines = proc.stderr.splitlines()

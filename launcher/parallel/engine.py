@@ -48,8 +48,11 @@ def autocast_dtype(config: Config, device: torch.device) -> str:
 
 
 def param_name(name: str) -> str:
-    """The single-device model's name of a parameter (activation-checkpoint wrappers removed)."""
-    return name.replace(CHECKPOINT_PREFIX, "")
+    """The single-device model's name of a parameter (activation-checkpoint wrappers removed, FP8 FFN parameters
+    under the names of the plain modules they replace)."""
+    from launcher.fp8 import canonical_name
+
+    return canonical_name(name.replace(CHECKPOINT_PREFIX, ""))
 
 
 def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -414,7 +417,7 @@ def place_model(model: nn.Module, config: Config, dims: ParallelDims) -> nn.Modu
     if config.precision.fp8_ffn:
         from launcher.fp8 import apply_fp8_ffn
 
-        apply_fp8_ffn(model, dims.device)
+        apply_fp8_ffn(model.blocks, config.precision, dims)
     if config.parallel.activation_checkpointing:
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpointed(block)

@@ -72,7 +72,6 @@ class PipelineEngine(ZeroEngine):
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
         self.model, self.dims, self.config = None, dims, config
         self.stage = 1
-        names = {id(p): n for n, p in named_parameters(gpt)}
         blocks = [checkpointed(b) if config.parallel.activation_checkpointing else b for b in gpt.blocks]
         layers = [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
                   AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
@@ -88,10 +87,16 @@ class PipelineEngine(ZeroEngine):
 
         topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
         stage = PipelineModule(layers, topology=topology, loss_fn=loss_fn, partition_method="parameters")
+        self.first_layer = stage._local_start  # index of this stage's first layer in the list above
+        if config.precision.fp8_ffn:  # only this stage's blocks, built directly on the GPU
+            from launcher.fp8 import apply_fp8_ffn
+
+            local = range(self.first_layer - 2, self.first_layer - 2 + len(stage.forward_funcs))
+            apply_fp8_ffn([gpt.blocks[i] for i in local if 0 <= i < len(gpt.blocks)], config.precision, dims)
         stage.to(dims.device)
+        names = {id(p): n for n, p in named_parameters(gpt)}  # after the FP8 swap: TE's parameters under plain names
         self.names = {id(p): param_name_of(names, p) for p in stage.parameters()}
         self.model = stage
-        self.first_layer = stage._local_start  # index of this stage's first layer in the list above
 
         # the pipeline module brings its own topology as DeepSpeed's mpu
         self._start_deepspeed(deepspeed_config(config, dims, zero_stage=1), run_dir, mpu=None)
@@ -132,7 +137,7 @@ class PipelineEngine(ZeroEngine):
         return loss.item()
 
     def train_step(self, micro_batches, autocast, lr, veto):
-        # DeepSpeed's engine enters the run's autocast itself (its torch_autocast section); FP8 is not supported here.
+        # DeepSpeed's engine enters the run's autocast itself (its torch_autocast section); FP8 FFNs enter their own.
         self.micro_losses.clear()
         loss: dict[str, float] = {}
 

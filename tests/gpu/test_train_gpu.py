@@ -12,6 +12,9 @@ from tests.runs import scalars
 
 pytestmark = pytest.mark.gpu
 
+needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
+                              reason="transformer_engine is not installed (on a GPU machine: pip install -e '.[gpu]')")
+
 GPU_OVERRIDES = ["run.device=cuda", "model.d_model=128", "model.n_head=2", "model.max_seq_len=128",
                  "data.seq_len=128", "run.max_steps=30", "optim.decay_steps=30", "monitor.spectral_interval=10",
                  "monitor.probe_interval=10"]
@@ -28,24 +31,70 @@ def test_arm_trains_with_triton_kernel(tiny_overrides, arm):
     assert scalars(result.run_dir, "delta_bias/L01/h00/cum")  # the monitors ran against the Triton backend
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
-                    reason="transformer_engine is not installed (on a GPU machine: pip install -e '.[gpu]')")
-def test_fp8_ffn_trains(tiny_overrides):
-    config = load_config("smoke", tiny_overrides + GPU_OVERRIDES + ["precision.fp8_ffn=true"], arm="fixed")
-    result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
-    losses = scalars(result.run_dir, "train/loss")
-    assert result.status == "completed"
-    assert losses[30] < losses[1] - 0.5
+@needs_te
+@pytest.mark.parametrize("recipe", ["delayed", "current", "block"])
+def test_fp8_ffn_trains_like_bf16(tiny_overrides, recipe):
+    runs = {}
+    for fp8 in ("false", "true"):
+        config = load_config("smoke", tiny_overrides + GPU_OVERRIDES + [
+            f"precision.fp8_ffn={fp8}", f"precision.fp8_recipe={recipe}", f"run.experiment={recipe}_{fp8}"],
+            arm="fixed")
+        result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
+        assert result.status == "completed"
+        runs[fp8] = scalars(result.run_dir, "train/loss")
+    assert runs["true"][30] < runs["true"][1] - 0.5
+    for step, value in runs["false"].items():  # FP8 FFNs: a few per cent from the BF16 run at this size
+        assert abs(runs["true"][step] - value) <= 5e-2 * abs(value), (step, runs["true"][step], value)
 
 
-def test_fp8_swaps_only_ffn_matrices():
-    te = pytest.importorskip("transformer_engine.pytorch")
-    from launcher.fp8 import apply_fp8_ffn
+@needs_te
+def test_fused_fp8_ffn_holds_the_plain_weights(seed):
+    """The fused LayerNorm + MLP computes the plain block's ``mlp(ln2(x))`` (FP32 when FP8 is off, within FP8's
+    error when on), and reports its parameters under the plain model's names."""
+    from launcher.fp8 import FP8FeedForward, apply_fp8_ffn
+    from launcher.parallel.engine import named_parameters
     from model import GPT, GPTConfig
 
-    model = GPT(GPTConfig(vocab_size=256, max_seq_len=32, n_layer=2, n_head=2, d_model=64)).cuda()
-    before = model.blocks[0].mlp.fc_in.weight.detach().clone()
-    assert apply_fp8_ffn(model, torch.device("cuda", 0)) == 4
-    assert isinstance(model.blocks[1].mlp.fc_out, te.Linear)
-    assert isinstance(model.blocks[1].attn.q_proj, torch.nn.Linear)
-    assert torch.equal(model.blocks[0].mlp.fc_in.weight.detach(), before)
+    dims = ParallelDims(device=torch.device("cuda", 0))
+    config = load_config("smoke", []).precision
+    model = GPT(GPTConfig(vocab_size=256, max_seq_len=32, n_layer=2, n_head=2, d_model=64, bias=True)).cuda()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # non-trivial LayerNorm gains and biases
+    plain = {n: p.detach().clone() for n, p in named_parameters(model)}
+    x = torch.randn(4, 32, 64, device="cuda")
+    block = model.blocks[1]
+    expected = block.mlp(block.ln2(x))
+    assert apply_fp8_ffn(model.blocks, config, dims) == 2
+    assert isinstance(model.blocks[1].mlp, FP8FeedForward) and isinstance(model.blocks[1].attn.q_proj, torch.nn.Linear)
+    fused = {n: p.detach() for n, p in named_parameters(model)}
+    assert sorted(fused) == sorted(plain)
+    assert all(torch.equal(fused[n], plain[n]) for n in plain)
+    block.mlp.fp8 = False
+    torch.testing.assert_close(block.mlp(block.ln2(x)), expected, rtol=1e-4, atol=1e-4)
+    block.mlp.fp8 = True
+    err = (block.mlp(block.ln2(x)) - expected).norm() / expected.norm()
+    assert 0 < err < 0.1, err
+
+
+@needs_te
+def test_fp8_scaling_state_resumes(tiny_overrides):
+    """Delayed scaling's amax history and scales are saved with the checkpoint and installed on resume; the
+    resumed run continues with the losses of the uninterrupted one."""
+    common = tiny_overrides + GPU_OVERRIDES + ["precision.fp8_ffn=true", "run.max_steps=20", "optim.decay_steps=20",
+                                               "checkpoint.interval=10", "monitor.spectral_interval=0",
+                                               "monitor.probe_interval=0"]
+    full = train_arm(load_config("smoke", common + ["run.experiment=full"], arm="fixed"),
+                     ParallelDims(device=torch.device("cuda", 0)))
+    state = torch.load(full.run_dir / "checkpoints" / "step_00000010.pt", weights_only=False)
+    history = state["fp8_scaling"]["blocks.1.mlp"]["amax_history_fwd"]
+    assert history.shape[0] == 16 and history.abs().sum() > 0
+    first = train_arm(load_config("smoke", common + ["run.experiment=cut", "run.max_steps=10"], arm="fixed"),
+                      ParallelDims(device=torch.device("cuda", 0)))
+    assert first.status == "completed"
+    resumed = train_arm(load_config("smoke", common + ["run.experiment=cut"], arm="fixed"),
+                        ParallelDims(device=torch.device("cuda", 0)))
+    a, b = scalars(full.run_dir, "train/loss"), scalars(resumed.run_dir, "train/loss")
+    assert sorted(b) == list(range(1, 21))
+    for step in range(11, 21):
+        assert abs(a[step] - b[step]) <= 1e-3 * abs(a[step]), (step, a[step], b[step])
