@@ -25,6 +25,7 @@ it, and TE refuses to unpickle that without an opt-in to unsafe loading.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -57,9 +58,10 @@ def _te():
     return te
 
 
-def make_recipe(precision: PrecisionConfig):
+def make_recipe(precision: PrecisionConfig, reduce_amax: bool = True):
     """TE's scaling recipe: delayed (per-tensor scales from an amax history; the default), current (per-tensor
-    scales from the tensor itself) or block (Hopper 1x128 / 128x128 block scales, as in DeepSeek-V3)."""
+    scales from the tensor itself) or block (Hopper 1x128 / 128x128 block scales, as in DeepSeek-V3).
+    ``reduce_amax=False``: delayed scaling without the amax all-reduce (for passes that not every rank makes)."""
     from transformer_engine.common import recipe
 
     if precision.fp8_recipe == "current":
@@ -67,7 +69,8 @@ def make_recipe(precision: PrecisionConfig):
     if precision.fp8_recipe == "block":
         return recipe.Float8BlockScaling()
     # HYBRID: E4M3 forward (activations, weights), E5M2 backward (gradients), the usual training split.
-    return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+    return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max",
+                                 reduce_amax=reduce_amax)
 
 
 def canonical_name(name: str) -> str:
@@ -117,7 +120,8 @@ class FP8FeedForward(nn.Module):
                          (getattr(fc_in, "bias", None), getattr(fused, "fc1_bias", None))):
             _copy_split(src, dst)
         self.dropout = mlp.dropout
-        self.recipe = make_recipe(precision)
+        self.recipe = self.training_recipe = make_recipe(precision)
+        self.side_recipe = make_recipe(precision, reduce_amax=False)  # see side_pass
         self.amax_group = dims.amax_group if dims.distributed else None
         self.fp8 = True  # False runs the fused module in the ambient precision (tests compare it to the plain MLP)
         self.fc_in, self.fc_out = _WeightView(fused.fc1_weight), _WeightView(fused.fc2_weight)
@@ -149,6 +153,30 @@ def apply_fp8_ffn(blocks, precision: PrecisionConfig, dims: ParallelDims) -> int
         block.ln2 = nn.Identity()
         count += 1
     return count
+
+
+@contextlib.contextmanager
+def side_pass(model: nn.Module):
+    """Context for a forward/backward of ``model`` that is not a training step and that not every rank of an amax
+    group makes (the monitors' probe): FP8 FFNs reduce no amax across ranks (a collective that the other ranks
+    would never join), and their delayed-scaling state is put back afterwards, so training never sees the pass."""
+    modules = [m for m in model.modules() if isinstance(m, FP8FeedForward)]
+    saved = []
+    for module in modules:
+        meta = module.fused.fp8_meta
+        saved.append({key: getattr(meta[entry], attr).clone() for key, (entry, attr) in _SCALING_TENSORS.items()
+                      if entry in meta and hasattr(meta[entry], attr)})
+        module.recipe = module.side_recipe
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for module, tensors in zip(modules, saved):
+                module.recipe = module.training_recipe
+                meta = module.fused.fp8_meta
+                for key, value in tensors.items():
+                    entry, attr = _SCALING_TENSORS[key]
+                    getattr(meta[entry], attr).copy_(value)
 
 
 def fp8_modules(blocks: dict[int, nn.Module]) -> dict[str, nn.Module]:

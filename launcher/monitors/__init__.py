@@ -31,6 +31,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from launcher.fp8 import side_pass
 from launcher.monitors import tags
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.tensor import Shard, gather_full, head_range, shard_of
@@ -267,10 +268,12 @@ class Monitors:
 
     def _probe(self, device: torch.device) -> dict[str, float]:
         delta_layers = self.delta_layers
-        if self.engine is not None:
-            probe = self.engine.probe(self.probe_batch, self.autocast, delta_layers, self.any_delta)
-        else:
-            probe = run_probe(self.model, self.probe_batch, self.autocast, delta_layers)
+        # only some ranks run the probe: FP8 FFNs must neither reduce across ranks nor keep state from it
+        with side_pass(self.model):
+            if self.engine is not None:
+                probe = self.engine.probe(self.probe_batch, self.autocast, delta_layers, self.any_delta)
+            else:
+                probe = run_probe(self.model, self.probe_batch, self.autocast, delta_layers)
         values = _Values()
         ids = self.layer_ids
         with torch.no_grad():

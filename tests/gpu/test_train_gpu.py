@@ -42,9 +42,13 @@ def test_fp8_ffn_trains_like_bf16(tiny_overrides, recipe):
         result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
         assert result.status == "completed"
         runs[fp8] = scalars(result.run_dir, "train/loss")
-    assert runs["true"][30] < runs["true"][1] - 0.5
-    for step, value in runs["false"].items():  # FP8 FFNs: a few per cent from the BF16 run at this size
-        assert abs(runs["true"][step] - value) <= 5e-2 * abs(value), (step, runs["true"][step], value)
+    fp8, bf16 = runs["true"], runs["false"]
+    assert fp8[30] < fp8[1] - 0.5
+    for step in range(1, 6):  # from the same weights, FP8 FFNs change the loss by a fraction of a per cent
+        assert abs(fp8[step] - bf16[step]) <= 1e-2 * bf16[step], (step, fp8[step], bf16[step])
+    # later single steps part ways (this tiny model's high learning rate makes spikes); the trend does not
+    late = range(21, 31)
+    assert abs(sum(fp8[s] for s in late) - sum(bf16[s] for s in late)) <= 5e-2 * sum(bf16[s] for s in late)
 
 
 @needs_te
@@ -71,7 +75,9 @@ def test_fused_fp8_ffn_holds_the_plain_weights(seed):
     assert sorted(fused) == sorted(plain)
     assert all(torch.equal(fused[n], plain[n]) for n in plain)
     block.mlp.fp8 = False
-    torch.testing.assert_close(block.mlp(block.ln2(x)), expected, rtol=1e-4, atol=1e-4)
+    # TE's FP32 GEMMs may use TF32 (10-bit mantissa): ~1e-3 relative; a wrong weight would be O(1)
+    err = (block.mlp(block.ln2(x)) - expected).norm() / expected.norm()
+    assert err < 3e-3, err
     block.mlp.fp8 = True
     err = (block.mlp(block.ln2(x)) - expected).norm() / expected.norm()
     assert 0 < err < 0.1, err
