@@ -58,10 +58,9 @@ def _te():
     return te
 
 
-def make_recipe(precision: PrecisionConfig, reduce_amax: bool = True):
+def make_recipe(precision: PrecisionConfig):
     """TE's scaling recipe: delayed (per-tensor scales from an amax history; the default), current (per-tensor
-    scales from the tensor itself) or block (Hopper 1x128 / 128x128 block scales, as in DeepSeek-V3).
-    ``reduce_amax=False``: delayed scaling without the amax all-reduce (for passes that not every rank makes)."""
+    scales from the tensor itself) or block (Hopper 1x128 / 128x128 block scales, as in DeepSeek-V3)."""
     from transformer_engine.common import recipe
 
     if precision.fp8_recipe == "current":
@@ -69,8 +68,7 @@ def make_recipe(precision: PrecisionConfig, reduce_amax: bool = True):
     if precision.fp8_recipe == "block":
         return recipe.Float8BlockScaling()
     # HYBRID: E4M3 forward (activations, weights), E5M2 backward (gradients), the usual training split.
-    return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max",
-                                 reduce_amax=reduce_amax)
+    return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
 
 
 def canonical_name(name: str) -> str:
@@ -120,10 +118,9 @@ class FP8FeedForward(nn.Module):
                          (getattr(fc_in, "bias", None), getattr(fused, "fc1_bias", None))):
             _copy_split(src, dst)
         self.dropout = mlp.dropout
-        self.recipe = self.training_recipe = make_recipe(precision)
-        self.side_recipe = make_recipe(precision, reduce_amax=False)  # see side_pass
+        self.recipe = make_recipe(precision)
         self.amax_group = dims.amax_group if dims.distributed else None
-        self.fp8 = True  # False runs the fused module in the ambient precision (tests compare it to the plain MLP)
+        self.fp8 = True  # False: the ambient precision (BF16 autocast) instead of FP8; see side_pass
         self.fc_in, self.fc_out = _WeightView(fused.fc1_weight), _WeightView(fused.fc2_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,25 +155,18 @@ def apply_fp8_ffn(blocks, precision: PrecisionConfig, dims: ParallelDims) -> int
 @contextlib.contextmanager
 def side_pass(model: nn.Module):
     """Context for a forward/backward of ``model`` that is not a training step and that not every rank of an amax
-    group makes (the monitors' probe): FP8 FFNs reduce no amax across ranks (a collective that the other ranks
-    would never join), and their delayed-scaling state is put back afterwards, so training never sees the pass."""
+    group makes (the monitors' probe): the FFNs run in BF16 instead of FP8. In FP8, such a pass would record
+    amaxes and, on leaving TE's autocast, reduce them (and any still pending from an evaluation) with an all-reduce
+    that the other ranks never join: a hang. In BF16, TE records nothing, reduces nothing and keeps its scaling
+    state as it was."""
     modules = [m for m in model.modules() if isinstance(m, FP8FeedForward)]
-    saved = []
     for module in modules:
-        meta = module.fused.fp8_meta
-        saved.append({key: getattr(meta[entry], attr).clone() for key, (entry, attr) in _SCALING_TENSORS.items()
-                      if entry in meta and hasattr(meta[entry], attr)})
-        module.recipe = module.side_recipe
+        module.fp8 = False
     try:
         yield
     finally:
-        with torch.no_grad():
-            for module, tensors in zip(modules, saved):
-                module.recipe = module.training_recipe
-                meta = module.fused.fp8_meta
-                for key, value in tensors.items():
-                    entry, attr = _SCALING_TENSORS[key]
-                    getattr(meta[entry], attr).copy_(value)
+        for module in modules:
+            module.fp8 = True
 
 
 def fp8_modules(blocks: dict[int, nn.Module]) -> dict[str, nn.Module]:

@@ -268,7 +268,7 @@ class Monitors:
 
     def _probe(self, device: torch.device) -> dict[str, float]:
         delta_layers = self.delta_layers
-        # only some ranks run the probe: FP8 FFNs must neither reduce across ranks nor keep state from it
+        # only some ranks run the probe: FP8 FFNs run it in BF16 (no amax collective, no scaling state touched)
         with side_pass(self.model):
             if self.engine is not None:
                 probe = self.engine.probe(self.probe_batch, self.autocast, delta_layers, self.any_delta)
