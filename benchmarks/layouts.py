@@ -6,7 +6,9 @@
 Each layout trains the recipe's first arm for ``--steps`` optimizer steps from the same seed on the same batches
 (torchrun with one process per GPU; no evaluation, monitors or checkpoints). Reported: tokens/s (median over the
 steps after the first ``--skip``), speedup over the single-process layout and scaling efficiency (speedup / GPUs),
-the largest relative difference of the training loss from the single-process run, and rank 0's peak GPU memory.
+the ideal idle fraction of a 1F1B pipeline for the layout's micro-batch count (the measured loss against 2x is
+the bubble plus communication and imbalance), the largest relative difference of the training loss from the
+single-process run, and rank 0's peak GPU memory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from launcher.compare import load_scalars
-from launcher.config import arm_names, load_recipe
+from launcher.config import arm_names, load_config, load_recipe
 from launcher.monitors import tags
 
 LAYOUTS = {  # name: (processes, overrides)
@@ -57,8 +59,19 @@ def run_layout(recipe: str, arm: str, name: str, steps: int, out_dir: Path, over
         raise SystemExit(f"[layouts] {name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     scalars = load_scalars(out_dir / name / arm)
     as_dict = {tag: dict(zip(steps.tolist(), values.tolist())) for tag, (steps, values) in scalars.items()}
-    return {"gpus": nproc, "log": proc.stdout, **{k: as_dict.get(k, {}) for k in
+    return {"gpus": nproc, "log": proc.stdout, "bubble": ideal_bubble(recipe, arm, nproc, overrides + layout),
+            **{k: as_dict.get(k, {}) for k in
                                                  (tags.TRAIN_LOSS, tags.TOKENS_PER_S, tags.MAX_MEMORY_GB)}}
+
+
+def ideal_bubble(recipe: str, arm: str, nproc: int, overrides: list[str]) -> float:
+    """Idle fraction of a 1F1B pipeline with equal stages and free communication: (p - 1) / (m + p - 1) for p
+    stages and m micro-batches per step (Narayanan et al., 2021); 0 without a pipeline."""
+    config = load_config(recipe, overrides, arm=arm)
+    p = config.parallel.pipeline_parallel
+    dp = nproc // (p * config.parallel.tensor_parallel)
+    m = config.data.global_batch_size // (config.data.micro_batch_size * dp)
+    return (p - 1) / (m + p - 1)
 
 
 def summarise(results: dict, skip: int) -> list[dict]:
@@ -68,7 +81,8 @@ def summarise(results: dict, skip: int) -> list[dict]:
         timed = [v for s, v in sorted(r[tags.TOKENS_PER_S].items()) if s > skip]
         tok_s = statistics.median(timed) if timed else float("nan")
         row = {"layout": name, "gpus": r["gpus"], "tokens_per_s": tok_s, "tokens_per_s_per_gpu": tok_s / r["gpus"],
-               "max_memory_gb": max(r[tags.MAX_MEMORY_GB].values(), default=float("nan"))}
+               "max_memory_gb": max(r[tags.MAX_MEMORY_GB].values(), default=float("nan")),
+               "ideal_pipeline_bubble": r["bubble"]}
         if base is not None:
             base_tok = statistics.median(v for s, v in sorted(base[tags.TOKENS_PER_S].items()) if s > skip)
             row["speedup"] = tok_s / base_tok
@@ -80,11 +94,12 @@ def summarise(results: dict, skip: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| layout | processes | tokens/s | per process | speedup vs 1 | scaling efficiency | max loss diff vs 1 "
-             "| peak memory rank 0 (GiB) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| layout | processes | tokens/s | per process | speedup vs 1 | scaling efficiency | ideal 1F1B bubble "
+             "| max loss diff vs 1 | peak memory rank 0 (GiB) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['layout']} | {r['gpus']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
                      f"{r.get('speedup', float('nan')):.3f} | {100 * r.get('scaling_efficiency', float('nan')):.1f}% | "
+                     f"{100 * r['ideal_pipeline_bubble']:.1f}% | "
                      f"{r.get('max_loss_rel_diff', float('nan')):.1e} | {r['max_memory_gb']:.1f} |")
     return "\n".join(lines)
 

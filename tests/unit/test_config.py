@@ -106,3 +106,27 @@ def test_every_field_is_documented():
 
 def test_parse_overrides_nests():
     assert parse_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
+
+
+def test_fp8_layouts_are_validated_up_front():
+    """FP8 FFNs run in every layout; what cannot work is refused with what to change."""
+    fp8 = ["precision.fp8_ffn=true"]
+    for layout in (["parallel.tensor_parallel=2"], ["parallel.pipeline_parallel=2"], ["parallel.zero_stage=3"],
+                   ["parallel.activation_checkpointing=true", "precision.fp8_recipe=block"]):
+        load_config("smoke", fp8 + layout, world_size=2)
+    with pytest.raises(ConfigError, match="fp8_recipe=delayed with parallel.activation_checkpointing=true.*"
+                                          "use precision.fp8_recipe=current or block"):
+        load_config("smoke", fp8 + ["parallel.activation_checkpointing=true"])
+    with pytest.raises(ConfigError, match="divisible by 16.*change model.d_model"):
+        load_config("smoke", fp8 + ["model.d_model=72", "model.n_head=1"])
+    with pytest.raises(ConfigError, match="precision.fp8_recipe='mx' is not one of: delayed, current, block"):
+        load_config("smoke", fp8 + ["precision.fp8_recipe=mx"])
+
+
+def test_fused_fp8_parameters_keep_the_plain_model_names():
+    from launcher.fp8 import canonical_name
+
+    assert canonical_name("blocks.3.mlp.fused.fc1_weight") == "blocks.3.mlp.fc_in.weight"
+    assert canonical_name("blocks.3.mlp.fused.fc2_bias") == "blocks.3.mlp.fc_out.bias"
+    assert canonical_name("blocks.10.mlp.fused.layer_norm_weight") == "blocks.10.ln2.weight"
+    assert canonical_name("blocks.3.attn.q_proj.weight") == "blocks.3.attn.q_proj.weight"
