@@ -137,11 +137,16 @@ def _copy_split(src: Optional[torch.Tensor], dst: Optional[torch.Tensor]) -> Non
         mark_sharded(dst, shard_of(src))
 
 
+def require_gpu(device: torch.device) -> None:
+    """Transformer Engine runs on CUDA GPUs only (the CPU tests replace this check along with TE itself)."""
+    if device.type != "cuda":
+        raise FP8Unavailable("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on CPU")
+
+
 def apply_fp8_ffn(blocks, precision: PrecisionConfig, dims: ParallelDims) -> int:
     """Fuse ``ln2`` + ``mlp`` of each block into an :class:`FP8FeedForward` on ``dims.device`` (in place); returns
     the number of blocks changed. ``blocks``: the model's blocks, or a pipeline stage's."""
-    if dims.device.type != "cuda":
-        raise FP8Unavailable("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on CPU")
+    require_gpu(dims.device)
     count = 0
     for block in blocks:
         if isinstance(block.mlp, FP8FeedForward):
