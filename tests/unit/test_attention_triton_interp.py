@@ -309,3 +309,44 @@ def test_eager_path_equals_custom_op(seed, rounding, fix, head_offset, total_hea
         results.append([out.detach(), qq.grad, kk.grad, vv.grad])
     for name, a, b in zip(("O", "dq", "dk", "dv"), *results):
         assert torch.equal(a, b), f"seed={seed}: {name} of the eager path differs from the custom op's"
+
+
+@pytest.mark.parametrize("rounding,fix", [("fa2", "none"), ("paper", "fp32_output")])
+def test_fake_kernels_match_the_real_ops_on_model_layout_inputs(seed, rounding, fix):
+    """torch.library.opcheck: the fake (meta) kernels that torch.compile traces with give the real ops' shapes,
+    dtypes AND strides, for q, k, v as the model makes them: (B, T, H, D) projections viewed as (B, H, T, D), not
+    contiguous. (A fake that copied q's strides for dq made compiled training fail in the backward.)"""
+    q, k, v, d_out = (torch.randn(1, 48, 2, 32).bfloat16().transpose(1, 2) for _ in range(4))
+    assert not q.is_contiguous()
+    tests = ("test_schema", "test_faketensor")
+    torch.library.opcheck(triton_flash.flash_fwd, (q, k, v, True, rounding, fix, 2.0, 1e-3, 0, 0), test_utils=tests)
+    out, lse, o32 = triton_flash.flash_fwd(q, k, v, True, rounding, fix, 2.0, 1e-3, 0, 0)
+    o_saved = o32 if fix == "fp32_output" else out
+    torch.library.opcheck(triton_flash.flash_bwd, (d_out, q, k, v, o_saved, lse, True, rounding, fix, 2.0, 1e-3, 0, 0),
+                          test_utils=tests)
+
+
+@pytest.mark.parametrize("fix", ["none", "dynamic_max", "fp32_output"])
+def test_compiled_model_with_the_kernel_matches_eager(seed, fix):
+    """The GPT with the kernel compiles as one graph (fullgraph: no graph break inside the model), and its loss and
+    gradients equal the eager model's; the kernel sees the model's non-contiguous q, k, v views."""
+    import functools
+
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=64, max_seq_len=32, n_layer=2, n_head=2, d_model=64))
+    model.set_attention(functools.partial(kernels.flash_attention, causal=True, rounding="fa2", fix=fix))
+    x, y = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
+
+    def loss_and_grads(forward):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = forward(x, y)[1]
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager = loss_and_grads(model)
+    compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    assert torch.equal(eager[0], compiled[0])
+    assert all(torch.equal(a, b) for a, b in zip(eager[1], compiled[1]))
