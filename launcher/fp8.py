@@ -26,13 +26,13 @@ it, and TE refuses to unpickle that without an opt-in to unsafe loading.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 from torch import nn
 
 from launcher.config import PrecisionConfig
 from launcher.parallel.dims import ParallelDims
+from launcher.parallel.tensor import mark_sharded, shard_of
 
 RECIPES = ("delayed", "current", "block")
 
@@ -113,28 +113,22 @@ class FP8FeedForward(nn.Module):
                 del fused._parameters["layer_norm_bias"]
                 fused.register_buffer("layer_norm_bias", torch.zeros(ln.normalized_shape, device=dims.device),
                                       persistent=False)
-        # the tensor-parallel split of each parameter, as recorded by launcher.parallel.tensor
-        for src, dst in ((fc_in.weight, fused.fc1_weight), (fc_out.weight, fused.fc2_weight),
-                         (getattr(fc_in, "bias", None), getattr(fused, "fc1_bias", None))):
-            _copy_split(src, dst)
+        # the tensor-parallel split of each parameter, as launcher.parallel.tensor recorded it on the plain ones
+        for plain, te_param in ((fc_in.weight, fused.fc1_weight), (fc_out.weight, fused.fc2_weight),
+                                (fc_in.bias, getattr(fused, "fc1_bias", None))):
+            if plain is not None and shard_of(plain) is not None:
+                mark_sharded(te_param, shard_of(plain))
         self.dropout = mlp.dropout
         self.recipe = make_recipe(precision)
         self.amax_group = dims.amax_group if dims.distributed else None
         self.fp8 = True  # False: the ambient precision (BF16 autocast) instead of FP8; see side_pass
         self.fc_in, self.fc_out = _WeightView(fused.fc1_weight), _WeightView(fused.fc2_weight)
+        self._autocast = te.autocast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        te = _te()
-        with te.autocast(enabled=self.fp8, recipe=self.recipe, amax_reduction_group=self.amax_group):
+        with self._autocast(enabled=self.fp8, recipe=self.recipe, amax_reduction_group=self.amax_group):
             y = self.fused(x)
         return self.dropout(y)
-
-
-def _copy_split(src: Optional[torch.Tensor], dst: Optional[torch.Tensor]) -> None:
-    from launcher.parallel.tensor import mark_sharded, shard_of
-
-    if src is not None and dst is not None and shard_of(src) is not None:
-        mark_sharded(dst, shard_of(src))
 
 
 def require_gpu(device: torch.device) -> None:
