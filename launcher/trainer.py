@@ -200,15 +200,20 @@ class Trainer:
 
         self.store = CheckpointStore(self.run_dir)
         self.lock = None
+        latest = None
         if dims.is_logging_rank:  # one process group per run folder; then the folder's earlier run, if any
             self.lock = RunLock(self.run_dir).acquire()
-            message = start_fresh_or_resume(self.run_dir, self.store.latest(), config.checkpoint.resume,
+            if config.checkpoint.resume:  # verified, falling back past damaged ones (CheckpointError if none is left)
+                latest, damaged = self.store.resumable()
+                if damaged:
+                    print(f"[{config.run.arm}] {damaged}", flush=True)
+            message = start_fresh_or_resume(self.run_dir, latest or self.store.latest(), config.checkpoint.resume,
                                             config.run.overwrite)
             if message:
                 print(f"[{config.run.arm}] {message}", flush=True)
-        if dims.distributed:
-            dist.barrier()  # every rank looks for checkpoints after the folder is settled
-        latest = self.store.latest() if config.checkpoint.resume else None
+        if dims.distributed:  # every rank resumes the checkpoint the logging rank verified, once the folder is settled
+            choices = distributed.gather_objects((dims.is_logging_rank, latest), dims)
+            latest = next(path for is_logging, path in choices if is_logging)
         state = self.store.load(latest) if latest is not None else None
         if state is not None:
             check_fits(state, model, dims, latest)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from launcher.checkpoint import CheckpointStore
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import lr_at, train_arm
@@ -120,7 +121,7 @@ def test_guard_stops_without_saving_the_bad_state(tiny_overrides, monkeypatch):
                                                     "eval.interval=0", "monitor.spectral_interval=1"])
     result = train_arm(config, ParallelDims())
     assert result.status == "stopped" and "loss is nan" in result.message
-    assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000004.pt"
+    assert CheckpointStore(result.run_dir).latest().name == "step_00000004.pt"
     dump = (result.run_dir / "bad_step_00000005.yaml").read_text()
     assert "spectral/L00/wq" in dump  # the monitors' last values are kept for the post-mortem
     assert scalars(result.run_dir, "guard/bad_steps") == {5: 1.0}
@@ -136,7 +137,7 @@ def test_guard_skip_drops_the_update_and_goes_on(tiny_overrides, monkeypatch, ba
     assert bad_step not in losses and all(math.isfinite(v) for v in losses.values())
     assert scalars(result.run_dir, "guard/bad_steps") == {bad_step: 1.0}
     # a skipped last step still ends with the final checkpoint (of the last good state)
-    assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000006.pt"
+    assert CheckpointStore(result.run_dir).latest().name == "step_00000006.pt"
 
 
 def test_activation_checkpointing_changes_no_bit(tiny_overrides):
