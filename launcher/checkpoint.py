@@ -224,8 +224,8 @@ class CheckpointStore:
         try:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
         except Exception as err:  # any failure to unpickle is a damaged file to the user, never a traceback
-            raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: "
-                                  f"{str(err).splitlines()[0] if str(err) else 'no details'}); move it away to "
+            said = str(err).split(". ")[0].splitlines()[0] if str(err).strip() else "no details"
+            raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {said}); move it away to "
                                   "resume from the one before, or set checkpoint.resume=false run.overwrite=true") from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             fmt = state.get("format", 1) if isinstance(state, dict) else "unknown"
