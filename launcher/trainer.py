@@ -39,14 +39,15 @@ from model import GPT, build_attention, resolve_backend
 
 
 class StopRequested:
-    """Set by SIGINT/SIGTERM; the loop checks it at the end of each step, saves and returns."""
+    """Set by SIGINT, SIGTERM or SIGUSR1 (slurm/pretrain_fp8.sh passes on SLURM's time-limit warning as USR1); the
+    loop checks it at the end of each step, saves and returns."""
 
     def __init__(self):
         self.requested = False
         self._previous = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
