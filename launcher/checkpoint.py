@@ -189,20 +189,27 @@ class CheckpointStore:
 
         Test hook: ``CHECKPOINT_TEST_PAUSE_S=<seconds>`` sleeps once after the first bytes are written, so a fault
         test can kill the process in the middle of a save (tests/distributed/test_faults.py)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"step_{step:08d}.pt"
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            writer = _HashingWriter(f, float(os.environ.get("CHECKPOINT_TEST_PAUSE_S", "0") or 0))
-            torch.save(state, writer)
-            f.flush()
-            os.fsync(f.fileno())
         sum_tmp = self.dir / (self._sum_file(path).name + ".tmp")
-        sum_tmp.write_text(json.dumps({"bytes": writer.size, "sha256": writer.sha.hexdigest()}) + "\n")
-        _fsync_path(sum_tmp)
-        sum_tmp.replace(self._sum_file(path))
-        tmp.replace(path)
-        _fsync_path(self.dir)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                writer = _HashingWriter(f, float(os.environ.get("CHECKPOINT_TEST_PAUSE_S", "0") or 0))
+                torch.save(state, writer)
+                f.flush()
+                os.fsync(f.fileno())
+            sum_tmp.write_text(json.dumps({"bytes": writer.size, "sha256": writer.sha.hexdigest()}) + "\n")
+            _fsync_path(sum_tmp)
+            sum_tmp.replace(self._sum_file(path))
+            tmp.replace(path)
+            _fsync_path(self.dir)
+        except OSError as err:  # a full disk or a lost mount: stop with one line; nothing earlier was touched
+            for partial in (tmp, sum_tmp):
+                partial.unlink(missing_ok=True)
+            raise CheckpointError(f"could not write checkpoint {path} ({err.strerror or err}); the previous "
+                                  "checkpoints are intact: fix the cause (e.g. free disk space) and rerun the same "
+                                  "command to resume") from None
         self._prune()
         return path
 
@@ -225,8 +232,9 @@ class CheckpointStore:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
         except Exception as err:  # any failure to unpickle is a damaged file to the user, never a traceback
             said = str(err).split(". ")[0].splitlines()[0] if str(err).strip() else "no details"
-            raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {said}); move it away to "
-                                  "resume from the one before, or set checkpoint.resume=false run.overwrite=true") from None
+            raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {said}); move it away "
+                                  "to resume from the one before, or set checkpoint.resume=false run.overwrite=true"
+                                  ) from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             fmt = state.get("format", 1) if isinstance(state, dict) else "unknown"
             raise ConfigError(f"checkpoint {path} was written by an older version of this recipe (format "

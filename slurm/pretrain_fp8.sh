@@ -77,7 +77,11 @@ fi
 # Signals: USR1 (time limit near) is passed on to the training processes, and the job requeues itself after they
 # have saved. TERM (preemption, scancel) reaches them from SLURM directly; this script only waits for their save.
 STOP=""
-on_usr1() { STOP=time_limit; echo "[slurm] time limit near: the trainer saves a checkpoint after this step"; scancel --signal=USR1 "$SLURM_JOB_ID"; }
+on_usr1() {
+  STOP=time_limit
+  echo "[slurm] time limit near: the trainer saves a checkpoint after this step"
+  scancel --signal=USR1 "$SLURM_JOB_ID"  # to the job's steps (the training processes), not to this script
+}
 on_term() { STOP=${STOP:-terminated}; }
 trap on_usr1 USR1
 trap on_term TERM

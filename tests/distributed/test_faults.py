@@ -115,7 +115,8 @@ def test_kill_9_during_a_step(common, out_dir, straight):
     print(f"kill -9 right after the progress line of step {after}")
     proc = start([*common, "run.experiment=killed_in_step"])
     run_until(proc, lambda line: f"step {after:6d}/{STEPS}" in line, lambda: proc.send_signal(signal.SIGKILL))
-    assert CheckpointStore(run_dir(out_dir, "killed_in_step")).latest().name == f"step_{after // INTERVAL * INTERVAL:08d}.pt"
+    newest = CheckpointStore(run_dir(out_dir, "killed_in_step")).latest()
+    assert newest.name == f"step_{after // INTERVAL * INTERVAL:08d}.pt"
     resume_and_compare(common, out_dir, "killed_in_step", straight)
 
 

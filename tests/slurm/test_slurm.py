@@ -44,7 +44,8 @@ def test_both_arms_on_two_nodes_each_then_the_report(slurm, kjv_data, tmp_path):
     tasks = slurm.wait(job, timeout=300)
     said = output(tmp_path)
     assert [t.state for t in tasks] == ["COMPLETED", "COMPLETED"], said + slurm.logs()
-    starts = re.findall(r"\[slurm\] arm (\w+) of smoke on 2 node\(s\), 2 process\(es\), rendezvous ([\d.]+):(\d+)", said)
+    starts = re.findall(r"\[slurm\] arm (\w+) of smoke on 2 node\(s\), 2 process\(es\), rendezvous ([\d.]+):(\d+)",
+                        said)
     assert sorted(arm for arm, _, _ in starts) == ["baseline", "fixed"], said
     assert len({port for _, _, port in starts}) == 2  # one port per job: the arms never collide
     assert all(t.fields["NodeList"] == "n[1-2]" for t in tasks)

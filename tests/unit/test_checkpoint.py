@@ -1,5 +1,7 @@
 """Checkpoint files: format check, shape mismatches named with both shapes (in-process, CPU)."""
 
+import errno
+import os
 import re
 
 import pytest
@@ -70,8 +72,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage
     path, message = store.resumable()
     assert path.name == "step_00000004.pt" and store.load(path)["step"] == 4
     assert "\n" not in message  # one line, naming the bad file and why
-    assert re.search(rf"{re.escape(str(newest))} is damaged \({reason}.*\); renamed to \*\.damaged, resuming from step_00000004.pt",
-                     message), message
+    assert re.search(rf"{re.escape(str(newest))} is damaged \({reason}.*\); renamed to \*\.damaged, resuming "
+                     r"from step_00000004.pt", message), message
     assert newest.with_name(newest.name + ".damaged").exists() and not newest.exists()
     assert store.resumable() == (path, None)  # the damaged file no longer shadows the good one
 
@@ -108,3 +110,19 @@ def test_an_unreadable_checkpoint_is_one_line_not_a_traceback(tmp_path):
     path.write_bytes(b"this is not a zip file")
     with pytest.raises(CheckpointError, match=r"^checkpoint .*step_00000001.pt cannot be read \(.*\); move it away"):
         CheckpointStore(tmp_path).load(path)
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    store = _three_checkpoints(tmp_path)
+
+    def disk_full(obj, f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointError, match=r"^could not write checkpoint .*step_00000008.pt \(No space left on "
+                                              r"device\); the previous checkpoints are intact"):
+        store.save(8, {"format": FORMAT, "step": 8})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_00000004.pt", "step_00000004.pt.sha256", "step_00000006.pt", "step_00000006.pt.sha256"]
+    assert store.resumable() == (store.steps()[-1], None)
