@@ -32,6 +32,22 @@
 #SBATCH --output=%x-%A_%a.out
 set -euo pipefail
 
+# Signals, from the first line on (an untrapped USR1 would kill this script): USR1 (time limit near) is passed on to
+# the training processes, and the job requeues itself after they have saved; TERM (preemption, scancel) reaches them
+# from SLURM directly, and this script only waits for their save. A signal before training starts skips training.
+STOP=""
+on_usr1() {
+  if [[ "$STOP" == time_limit ]]; then return; fi  # a second USR1 would make the trainer abort without saving
+  STOP=time_limit
+  echo "[slurm] time limit near: the trainer saves a checkpoint after this step"
+  if [[ -n "${SRUN:-}" ]]; then
+    scancel --signal=USR1 "$SLURM_JOB_ID" || true  # to the job's steps (the trainer), not to this script
+  fi
+}
+on_term() { STOP=${STOP:-terminated}; }
+trap on_usr1 USR1
+trap on_term TERM
+
 # SLURM runs a spooled copy of this script, so paths are taken from the submission folder: the repository root.
 cd "${SLURM_SUBMIT_DIR:-.}"
 if [[ ! -f launcher/pretrain.py ]]; then
@@ -74,30 +90,23 @@ if [[ "$TASK" == 0 && -n "${SLURM_ARRAY_JOB_ID:-}" && "$RESTARTS" == 0 && ${#ARM
     echo "could not submit the comparison job; run: python -m launcher.compare $EXPERIMENT_DIR" >&2
 fi
 
-# Signals: USR1 (time limit near) is passed on to the training processes, and the job requeues itself after they
-# have saved. TERM (preemption, scancel) reaches them from SLURM directly; this script only waits for their save.
-STOP=""
-on_usr1() {
-  STOP=time_limit
-  echo "[slurm] time limit near: the trainer saves a checkpoint after this step"
-  scancel --signal=USR1 "$SLURM_JOB_ID"  # to the job's steps (the training processes), not to this script
-}
-on_term() { STOP=${STOP:-terminated}; }
-trap on_usr1 USR1
-trap on_term TERM
-
-echo "[slurm] arm $ARM of $RECIPE on $SLURM_NNODES node(s), $SLURM_NTASKS process(es), rendezvous" \
-  "$MASTER_ADDR:$MASTER_PORT, restart $RESTARTS of at most $MAX_REQUEUES"
-srun --kill-on-bad-exit=1 "$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --no-report &
-SRUN=$!
-set +e
-wait "$SRUN"; STATUS=$?
-while kill -0 "$SRUN" 2>/dev/null; do  # a trapped signal ends `wait` early: keep waiting for the save
+STATUS=130  # (what an interrupted trainer returns)
+if [[ -z "$STOP" ]]; then
+  echo "[slurm] arm $ARM of $RECIPE on $SLURM_NNODES node(s), $SLURM_NTASKS process(es), rendezvous" \
+    "$MASTER_ADDR:$MASTER_PORT, restart $RESTARTS of at most $MAX_REQUEUES"
+  srun --kill-on-bad-exit=1 "$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --no-report &
+  SRUN=$!
+  set +e
   wait "$SRUN"; STATUS=$?
-done
-set -e
+  while kill -0 "$SRUN" 2>/dev/null; do  # a trapped signal ends `wait` early: keep waiting for the save
+    wait "$SRUN"; STATUS=$?
+  done
+  set -e
+else
+  echo "[slurm] signalled ($STOP) before training started: not starting it"
+fi
 
-if [[ "$STOP" == time_limit ]]; then
+if [[ "$STOP" == time_limit && "$STATUS" != 0 ]]; then  # (status 0: the run completed before the signal landed)
   if (( RESTARTS < MAX_REQUEUES )); then
     echo "[slurm] requeueing job $SLURM_JOB_ID (restart $(( RESTARTS + 1 )) of at most $MAX_REQUEUES)"
     scontrol requeue "$SLURM_JOB_ID"

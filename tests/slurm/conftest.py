@@ -147,9 +147,7 @@ def slurm(tmp_path_factory):
     if not _munge_works():
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
-        (d / "munge").mkdir()
-        shutil.chown(d / "munge", "munge", "munge")
-        pid_file = d / "munge" / "munged.pid"
+        pid_file = Path("/run/munge/munged-pytest.pid")  # where the munge user can write (pytest's tmp is 0700)
         subprocess.run(["runuser", "-u", "munge", "--", "munged", f"--pid-file={pid_file}"], timeout=30)
         if not _munge_works():
             pytest.skip("munged does not start (munge -n | unmunge fails)")

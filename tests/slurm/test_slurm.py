@@ -67,23 +67,27 @@ def test_both_arms_on_two_nodes_each_then_the_report(slurm, kjv_data, tmp_path):
 
 
 def test_time_limit_checkpoints_requeues_and_resumes_exactly(slurm, kjv_data, tmp_path):
-    """--time=1 with the time-limit warning 45 s ahead: each leg gets USR1, saves after its step, requeues itself
-    and the next leg resumes, until the run completes. A second job with MAX_REQUEUES=0 stops after its first save."""
-    steps = 2500  # ~40-80 s of training on 2 shared cores: more than one leg of at most ~50 s
-    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=1000", "run.log_interval=500",
+    """--time=2 with the time-limit warning 75 s ahead: each leg gets USR1, saves after its step, requeues itself
+    and the next leg resumes, until the run completes. A second job with MAX_REQUEUES=0 stops after its first save.
+    slurmctld sends the warning from a check it runs every ~30 s, so it comes 45-75 s before the limit, i.e. 15-45 s
+    after a leg starts: after the trainer is up (~8 s), and before a ~60 s run ends. (With --time=1 and @45 a
+    requeued leg was signalled the moment it started.)"""
+    steps = 6000  # ~60 s at ~10 ms a step (longer on a busier machine, which only adds legs)
+    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=2000", "run.log_interval=1000",
               "checkpoint.interval=0", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
     for name in ("requeued", "capped"):
         (tmp_path / name).mkdir()  # SLURM opens the output file but does not make its folder
-    limit = ["--array=0", "--nodes=1", "--ntasks-per-node=1", "--time=1", "--signal=B:USR1@45", *CPU_JOB]
+    limit = ["--array=0", "--nodes=1", "--ntasks-per-node=1", "--time=2", "--signal=B:USR1@75", *CPU_JOB]
     requeued = slurm.sbatch([*limit, f"--output={tmp_path}/requeued/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
                              "run.experiment=requeued"], job_env(ARMS="baseline", MAX_REQUEUES="8"), REPO)
     capped = slurm.sbatch([*limit, f"--output={tmp_path}/capped/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
                            "run.experiment=capped"], job_env(ARMS="baseline", MAX_REQUEUES="0"), REPO)
+
+    [capped_job] = slurm.wait(capped, timeout=300)
+    # the uninterrupted run, beside the second leg (not beside the first two: the 2 cores would slow them down)
     straight = subprocess.Popen([sys.executable, "-m", "launcher.pretrain", "smoke", "--arm", "baseline",
                                  "--no-report", *common, "run.experiment=straight"], cwd=REPO, env=launcher_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    [capped_job] = slurm.wait(capped, timeout=300)
     said = output(tmp_path / "capped")
     assert "SIGUSR1: finishing this step" in said and "not requeueing: job" in said, said
     assert capped_job.restarts == 0 and capped_job.state == "FAILED"  # exit 130: interrupted, with its checkpoint
