@@ -91,6 +91,16 @@ def test_cli_reports_mistakes_without_traceback(args, expect, tmp_path):
     assert expect in out and "Traceback" not in out, out
 
 
+def test_experiment_dir_validates_and_prints_only_the_folder(tmp_path):
+    """What slurm/pretrain_fp8.sh reads in one call: the experiment folder, or one error line and exit status 2."""
+    proc = cli(["smoke", "--arm", "fixed", "--experiment-dir", f"run.out_dir={tmp_path}", "run.experiment=e1"])
+    assert proc.communicate(timeout=120)[0] == f"{tmp_path / 'e1'}\n" and proc.returncode == 0
+    proc = cli(["smoke", "--arm", "fixed", "--experiment-dir", f"run.out_dir={tmp_path}", "data.global_batch_size=7"])
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2 and out.startswith("error: ") and "Traceback" not in out, out
+    assert not (tmp_path / "smoke").exists()  # validation only: nothing written
+
+
 def test_help_config_lists_documented_fields():
     proc = cli(["--help-config"])
     out = proc.communicate(timeout=60)[0]
