@@ -52,8 +52,10 @@ class StopRequested:
         return self
 
     def _handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C means: stop now
-            raise KeyboardInterrupt
+        if self.requested:
+            if signum == signal.SIGINT:  # a second Ctrl-C means: stop now
+                raise KeyboardInterrupt
+            return  # SLURM may send TERM and USR1 together (preemption near the time limit): the save goes on
         self.requested = True
         print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
               "(press Ctrl-C again to abort without saving)", flush=True)

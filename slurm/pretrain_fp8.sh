@@ -37,7 +37,7 @@ set -euo pipefail
 # from SLURM directly, and this script only waits for their save. A signal before training starts skips training.
 STOP=""
 on_usr1() {
-  if [[ "$STOP" == time_limit ]]; then return; fi  # a second USR1 would make the trainer abort without saving
+  if [[ -n "$STOP" ]]; then return; fi  # already stopping (e.g. preempted: SLURM requeues the job itself)
   STOP=time_limit
   echo "[slurm] time limit near: the trainer saves a checkpoint after this step"
   if [[ -n "${SRUN:-}" ]]; then

@@ -13,7 +13,7 @@ import torch
 from launcher.checkpoint import CheckpointStore
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
-from launcher.trainer import lr_at, train_arm
+from launcher.trainer import StopRequested, lr_at, train_arm
 from tests.runs import scalars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,6 +99,20 @@ def test_experiment_dir_validates_and_prints_only_the_folder(tmp_path):
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 2 and out.startswith("error: ") and "Traceback" not in out, out
     assert not (tmp_path / "smoke").exists()  # validation only: nothing written
+
+
+def test_repeated_cluster_signals_keep_the_save_and_a_second_ctrl_c_aborts():
+    """SLURM may send TERM (preemption) and USR1 (time-limit warning) to the same step: neither may abort the save.
+    Only a second Ctrl-C does."""
+    with StopRequested() as stop:
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGTERM):
+            os.kill(os.getpid(), sig)
+        assert stop.requested
+    with StopRequested() as stop, pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # the previous handlers are back
 
 
 def test_help_config_lists_documented_fields():
