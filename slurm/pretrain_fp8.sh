@@ -106,9 +106,15 @@ else
   echo "[slurm] signalled ($STOP) before training started: not starting it"
 fi
 
-if [[ "$STOP" == time_limit && "$STATUS" != 0 ]]; then  # (status 0: the run completed before the signal landed)
+# Preemption sends TERM to the steps only; a job that ends within its GraceTime counts as ended, not preempted, and
+# SLURM would not requeue it.
+if [[ "$STATUS" != 0 && "$STOP" != time_limit ]] && scontrol show job "$SLURM_JOB_ID" | grep -q 'PreemptTime=[0-9]'
+then
+  STOP=preempted
+fi
+if [[ "$STOP" =~ ^(time_limit|preempted)$ && "$STATUS" != 0 ]]; then  # (status 0: completed before the signal)
   if (( RESTARTS < MAX_REQUEUES )); then
-    echo "[slurm] requeueing job $SLURM_JOB_ID (restart $(( RESTARTS + 1 )) of at most $MAX_REQUEUES)"
+    echo "[slurm] $STOP: requeueing job $SLURM_JOB_ID (restart $(( RESTARTS + 1 )) of at most $MAX_REQUEUES)"
     scontrol requeue "$SLURM_JOB_ID"
   else
     echo "[slurm] not requeueing: job $SLURM_JOB_ID was restarted $RESTARTS time(s), MAX_REQUEUES=$MAX_REQUEUES;" \

@@ -23,8 +23,8 @@ from tests.runs import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
 NODES = ("n1", "n2")
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-                "PREEMPTED"}
+# (not PREEMPTED: under PreemptMode=REQUEUE a preempted job passes through it on its way back to the queue)
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 SLURM_CONF = """\
 ClusterName=faults
@@ -53,7 +53,11 @@ SelectTypeParameters=CR_CPU
 ReturnToService=2
 MinJobAge=3600
 {nodes}
-PartitionName=cpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+# preemption: a job in "urgent" requeues the jobs of "cpu" it needs room from; they get TERM and GraceTime to save
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=cpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES PriorityTier=1 GraceTime=60
+PartitionName=urgent Nodes={node_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
 
 

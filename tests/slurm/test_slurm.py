@@ -2,7 +2,7 @@
 both arms side by side on two nodes each, then the report; a job past its time limit signalled, checkpointed,
 requeued and resumed to the losses of an uninterrupted run (bit for bit), and one that may not requeue again
 stopping with its checkpoint; a scancel in the middle of a checkpoint write leaving a run that the next
-submission resumes."""
+submission resumes; a preempted job saving and being requeued."""
 
 import re
 import subprocess
@@ -99,7 +99,8 @@ def test_time_limit_checkpoints_requeues_and_resumes_exactly(slurm, kjv_data, tm
     said = output(tmp_path / "requeued")
     print(f"capped job stopped at step {stopped_at}; requeued job: {job.restarts} restart(s), {job.state}")
     assert job.state == "COMPLETED" and job.restarts >= 1, said + slurm.logs()
-    assert said.count("[slurm] requeueing job") == said.count("SIGUSR1: finishing this step") == job.restarts
+    assert said.count("[slurm] time_limit: requeueing job") == job.restarts
+    assert said.count("SIGUSR1: finishing this step") == job.restarts
     assert len(re.findall(r"resumed from .* at step \d+", said)) == job.restarts
     assert f"completed at step {steps}" in said
     assert straight.wait(timeout=300) == 0, straight.stderr.read()
@@ -131,6 +132,34 @@ def test_scancel_during_a_checkpoint_write_leaves_a_resumable_run(slurm, kjv_dat
     said = output(tmp_path)
     assert done.state == "COMPLETED" and f"resumed from {saved}" not in said  # (the path is absolute)
     assert re.search(rf"resumed from \S*{saved} at step {int(saved[5:13])}", said), said
+    launch(["smoke", "--arm", "baseline", "--no-report", *common, "run.experiment=straight"])
+    got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
+    assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
+
+
+def test_preemption_saves_and_requeues_the_job(slurm, kjv_data, tmp_path):
+    """PreemptMode=REQUEUE: a whole-node job in a higher-tier partition preempts the run, which gets TERM, saves after
+    its step and is requeued; it resumes when the node is free again and ends with the uninterrupted losses."""
+    steps = 1000
+    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=1000", "run.log_interval=100",
+              "checkpoint.interval=0", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
+    job = slurm.sbatch(["--array=0", "--nodes=1", "--ntasks-per-node=1", "--nodelist=n1", *CPU_JOB,
+                        f"--output={tmp_path}/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common],
+                       job_env(ARMS="baseline"), REPO)
+    deadline = time.time() + 120
+    while f"step    200/{steps}" not in output(tmp_path):
+        assert time.time() < deadline, output(tmp_path) + slurm.logs()
+        time.sleep(0.2)
+    urgent = slurm.sbatch(["--partition=urgent", "--nodelist=n1", "--exclusive", f"--output={tmp_path}/urgent.out",
+                           "--wrap", "sleep 2"], {}, tmp_path)
+    [done] = slurm.wait(job, timeout=300)
+    said = output(tmp_path)
+    assert done.state == "COMPLETED" and done.restarts == 1, f"{done}\n{said}\n{slurm.logs()}"
+    assert [j.state for j in slurm.wait(urgent, timeout=60)] == ["COMPLETED"]
+    # the trainer saved within the grace time, so the script requeues the job (SLURM would count it as ended)
+    assert "SIGTERM: finishing this step" in said and "[slurm] preempted: requeueing job" in said, said
+    stopped_at = int(re.search(r"interrupted at step (\d+)", said).group(1))
+    assert re.search(rf"resumed from \S*step_{stopped_at:08d}.pt at step {stopped_at}", said), said
     launch(["smoke", "--arm", "baseline", "--no-report", *common, "run.experiment=straight"])
     got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
     assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
