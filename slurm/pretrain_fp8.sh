@@ -17,7 +17,7 @@
 # Time limit: SLURM sends USR1 to this script 10 minutes before the limit (--signal=B:USR1@600); the script passes it
 # to the training processes, which finish the current step, save a checkpoint and exit; then the script requeues
 # the job (scontrol requeue) and the requeued job resumes from that checkpoint. Preemption (PreemptMode=REQUEUE) and
-# scancel send TERM to the processes: they save the same way; SLURM requeues a preempted job itself.
+# scancel send TERM to the processes: they save the same way; a preempted job is requeued, a cancelled one is not.
 # When both arms have ended, slurm/compare.sh writes <run.out_dir>/<experiment>/report/ (submitted by array task 0).
 #SBATCH --job-name=fp8-attention
 #SBATCH --array=0-1
