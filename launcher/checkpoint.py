@@ -112,6 +112,11 @@ class CheckpointStore:
         """Every checkpoint file, oldest first (intact or not)."""
         return sorted(self.dir.glob("step_*.pt"))
 
+    def newest_file(self) -> Optional[Path]:
+        """The newest checkpoint file of any state, damaged ones included: the trace of an earlier run."""
+        files = [*self.dir.glob("step_*.pt"), *self.dir.glob("step_*.pt.damaged")]
+        return max(files, key=lambda p: (_step_of(p), p.name)) if files else None
+
     @staticmethod
     def _sum_file(path: Path) -> Path:
         return path.with_name(path.name + ".sha256")

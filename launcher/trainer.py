@@ -210,8 +210,8 @@ class Trainer:
                 latest, damaged = self.store.resumable()
                 if damaged:
                     print(f"[{config.run.arm}] {damaged}", flush=True)
-            message = start_fresh_or_resume(self.run_dir, latest or self.store.latest(), config.checkpoint.resume,
-                                            config.run.overwrite)
+            earlier = latest or self.store.newest_file()  # damaged or not: a fresh start must not eat it
+            message = start_fresh_or_resume(self.run_dir, earlier, config.checkpoint.resume, config.run.overwrite)
             if message:
                 print(f"[{config.run.arm}] {message}", flush=True)
         if dims.distributed:  # every rank resumes the checkpoint the logging rank verified, once the folder is settled
