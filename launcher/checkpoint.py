@@ -7,10 +7,13 @@ parameter from its ZeRO partitions (data parallel) and tensor-parallel slices, o
 logging rank; loading gives every rank its slice of each tensor. So a run saved with TP2 x DP2 under ZeRO-2 resumes
 with one process, and the reverse, with the same optimizer state (tests/distributed).
 
-Files: ``<run_dir>/checkpoints/step_XXXXXXXX.pt`` and a ``latest`` file naming the newest. A checkpoint is written
-under a temporary name, flushed to disk (file and folder), then renamed; the ``latest`` pointer moves last, so a crash
-mid-save leaves the previous checkpoint intact. The two newest are kept. A bad (non-finite) state is never saved: the
-trainer saves only after a step that its guard accepted or dropped.
+Files: ``<run_dir>/checkpoints/step_XXXXXXXX.pt``, each beside a ``.sha256`` file holding its size and checksum.
+A checkpoint is written under a temporary name and flushed to disk, its checksum file is written and flushed, and
+only then is it renamed into place (and the folder flushed), so a crash or power loss mid-save leaves the previous
+checkpoint intact. On resume the newest checkpoint is verified against its checksum; a damaged one (truncated, torn,
+altered, unfinished) is named in one line and the newest intact one is used instead (:class:`CheckpointStore`). The
+two newest intact checkpoints are kept. A bad (non-finite) state is never saved: the trainer saves only after a
+step that its guard accepted or dropped.
 
 A consolidated file is the simple choice at this project's sizes (a 1.3B model with Adam state is ~16 GB, written by
 one process); beyond that, torch.distributed.checkpoint would let every rank write its own slices.
@@ -18,8 +21,12 @@ one process); beyond that, torch.distributed.checkpoint would let every rank wri
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
+import re
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -61,42 +68,184 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used; the message names the file and says what to do."""
+
+
+class _HashingWriter:
+    """File object for torch.save that hashes the bytes as they are written (no second read of a large file)."""
+
+    def __init__(self, f, pause_s: float):
+        self.f, self.sha, self.size, self.pause_s = f, hashlib.sha256(), 0, pause_s
+
+    def write(self, data) -> int:
+        self.f.write(data)
+        self.sha.update(data)
+        self.size += len(data)
+        if self.pause_s:  # the test hook (see CheckpointStore.save): stop mid-file once, with a part on disk
+            self.f.flush()
+            print(f"[checkpoint] test pause: {self.size} bytes written, sleeping {self.pause_s}s", flush=True)
+            time.sleep(self.pause_s)
+            self.pause_s = 0
+        return len(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _step_of(path: Path) -> Optional[int]:
+    match = re.match(r"step_(\d+)\.", path.name)
+    return int(match.group(1)) if match else None
+
+
 class CheckpointStore:
-    """Checkpoints of one arm in <run_dir>/checkpoints/step_XXXXXXXX.pt plus a 'latest' file naming the newest."""
+    """Checkpoints of one arm: ``<run_dir>/checkpoints/step_XXXXXXXX.pt``, each with ``step_XXXXXXXX.pt.sha256``
+    (its size and SHA-256, JSON) written before the checkpoint gets its final name.
+
+    So a step file without its checksum file, or one whose size or checksum differs from it, is damaged (a torn
+    write, a full disk, a half-copied folder, a bad block). On resume :meth:`resumable` verifies the newest checkpoint
+    and falls back to the newest intact one; the damaged ones are renamed ``*.damaged`` so that they never shadow a
+    good one again and stay for inspection until pruning passes them."""
 
     def __init__(self, run_dir: Path):
         self.dir = run_dir / "checkpoints"
 
+    def steps(self) -> list[Path]:
+        """Every checkpoint file, oldest first (intact or not)."""
+        return sorted(self.dir.glob("step_*.pt"))
+
+    def newest_file(self) -> Optional[Path]:
+        """The newest checkpoint file of any state, damaged ones included: the trace of an earlier run."""
+        files = [*self.dir.glob("step_*.pt"), *self.dir.glob("step_*.pt.damaged")]
+        return max(files, key=lambda p: (_step_of(p), p.name)) if files else None
+
+    @staticmethod
+    def _sum_file(path: Path) -> Path:
+        return path.with_name(path.name + ".sha256")
+
+    def _recorded(self, path: Path) -> tuple[Optional[dict], Optional[str]]:
+        """(the checksum record of ``path``, None) or (None, why it is unusable)."""
+        try:
+            record = json.loads(self._sum_file(path).read_text())
+            return {"bytes": int(record["bytes"]), "sha256": str(record["sha256"])}, None
+        except FileNotFoundError:
+            return None, "no checksum file: its save never finished"
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return None, f"its checksum file is unreadable ({type(err).__name__})"
+
+    def _size_problem(self, path: Path, record: dict) -> Optional[str]:
+        size = path.stat().st_size
+        if size != record["bytes"]:
+            return f"{'empty' if size == 0 else 'truncated' if size < record['bytes'] else 'too long'}: " \
+                   f"{size} of {record['bytes']} bytes"
+        return None
+
+    def problem(self, path: Path) -> Optional[str]:
+        """None if ``path`` is intact (size and SHA-256 as recorded at save time), else what is wrong, in words.
+        Reads the whole file once (~10 s for a 16 GB checkpoint)."""
+        record, why = self._recorded(path)
+        if record is None:
+            return why
+        try:
+            problem = self._size_problem(path, record)
+            if problem:
+                return problem
+            sha = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    sha.update(chunk)
+        except OSError as err:
+            return f"unreadable ({err.strerror or err})"
+        return None if sha.hexdigest() == record["sha256"] else "checksum mismatch: its contents changed after saving"
+
     def latest(self) -> Optional[Path]:
-        pointer = self.dir / "latest"
-        if not pointer.is_file():
-            return None
-        path = self.dir / pointer.read_text().strip()
-        return path if path.is_file() else None
+        """The newest checkpoint that looks complete (checksum file present, size as recorded), without reading it;
+        :meth:`resumable` verifies contents."""
+        for path in reversed(self.steps()):
+            record, _ = self._recorded(path)
+            if record is not None and self._size_problem(path, record) is None:
+                return path
+        return None
+
+    def resumable(self) -> tuple[Optional[Path], Optional[str]]:
+        """(newest intact checkpoint or None, a one-line message naming the damaged newer ones or None). Damaged
+        checkpoints newer than the chosen one are renamed ``<name>.damaged``. Raises CheckpointError if there are
+        checkpoints and none is intact (the caller must not start over on top of them)."""
+        damaged = []
+        for path in reversed(self.steps()):
+            problem = self.problem(path)
+            if problem is None:
+                break
+            damaged.append((path, problem))
+        else:
+            path = None
+        for bad, _ in damaged:
+            bad.replace(bad.with_name(bad.name + ".damaged"))
+        if not damaged:
+            return path, None
+        named = "; ".join(f"{bad} is damaged ({problem})" for bad, problem in damaged)
+        if path is None:
+            raise CheckpointError(f"no intact checkpoint to resume: {named}; renamed to *.damaged; set "
+                                  "checkpoint.resume=false run.overwrite=true to start over")
+        return path, f"{named}; renamed to *.damaged, resuming from {path.name}"
 
     def save(self, step: int, state: dict) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Write to a temporary name, flush it, record its size and checksum (flushed), then rename it into place
+        and flush the folder: a crash at any point leaves every earlier checkpoint intact and at most one file that
+        :meth:`problem` rejects.
+
+        Test hook: ``CHECKPOINT_TEST_PAUSE_S=<seconds>`` sleeps once after the first bytes are written, so a fault
+        test can kill the process in the middle of a save (tests/distributed/test_faults.py)."""
         path = self.dir / f"step_{step:08d}.pt"
         tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        _fsync_path(tmp)
-        tmp.replace(path)
-        pointer_tmp = self.dir / "latest.tmp"
-        pointer_tmp.write_text(path.name)
-        _fsync_path(pointer_tmp)
-        pointer_tmp.replace(self.dir / "latest")
-        _fsync_path(self.dir)
-        for old in sorted(self.dir.glob("step_*.pt"))[:-KEEP]:
-            old.unlink()
+        sum_tmp = self.dir / (self._sum_file(path).name + ".tmp")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                writer = _HashingWriter(f, float(os.environ.get("CHECKPOINT_TEST_PAUSE_S", "0") or 0))
+                torch.save(state, writer)
+                f.flush()
+                os.fsync(f.fileno())
+            sum_tmp.write_text(json.dumps({"bytes": writer.size, "sha256": writer.sha.hexdigest()}) + "\n")
+            _fsync_path(sum_tmp)
+            sum_tmp.replace(self._sum_file(path))
+            tmp.replace(path)
+            _fsync_path(self.dir)
+        except OSError as err:  # a full disk or a lost mount: stop with one line; nothing earlier was touched
+            for partial in (tmp, sum_tmp):
+                partial.unlink(missing_ok=True)
+            raise CheckpointError(f"could not write checkpoint {path} ({err.strerror or err}); the previous "
+                                  "checkpoints are intact: fix the cause (e.g. free disk space) and rerun the same "
+                                  "command to resume") from None
+        self._prune()
         return path
+
+    def _prune(self) -> None:
+        """Keep the KEEP newest intact-looking checkpoints; delete everything of an older step (checkpoints, their
+        checksum files, damaged and temporary files). So the newest good checkpoint is never deleted."""
+        kept = [p for p in self.steps() if (r := self._recorded(p)[0]) is not None and self._size_problem(p, r) is None]
+        if not kept:
+            return
+        oldest_kept = _step_of(kept[-KEEP:][0])
+        for path in self.dir.glob("step_*"):
+            step = _step_of(path)
+            if step is not None and step < oldest_kept:
+                path.unlink()
 
     def load(self, path: Path) -> dict:
         # mmap: each rank reads only the slices it copies out, not the whole file into memory.
         # weights_only=False: the state holds python/numpy RNG states, which are not plain tensors.
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        if state.get("format") != FORMAT:
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        except Exception as err:  # any failure to unpickle is a damaged file to the user, never a traceback
+            said = str(err).split(". ")[0].splitlines()[0] if str(err).strip() else "no details"
+            raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {said}); move it away "
+                                  "to resume from the one before, or set checkpoint.resume=false run.overwrite=true"
+                                  ) from None
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            fmt = state.get("format", 1) if isinstance(state, dict) else "unknown"
             raise ConfigError(f"checkpoint {path} was written by an older version of this recipe (format "
-                              f"{state.get('format', 1)}, this version reads {FORMAT}); start a new run.experiment or "
+                              f"{fmt}, this version reads {FORMAT}); start a new run.experiment or "
                               "set checkpoint.resume=false")
         return state
 

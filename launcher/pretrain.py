@@ -33,6 +33,9 @@ def parse_args(argv):
     parser.add_argument("--arm", action="append", help="train only this arm (repeatable); default: every arm")
     parser.add_argument("--no-report", action="store_true", help="skip the comparison report at the end")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config of each arm and exit")
+    parser.add_argument("--experiment-dir", action="store_true",
+                        help="validate like --dry-run, then print only the experiment folder "
+                             "(<run.out_dir>/<run.experiment>) and exit; for batch scripts")
     parser.add_argument("--help-config", action="store_true", help="list every config field with its meaning")
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after --arm
     if args.help_config:
@@ -74,6 +77,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         problems = sorted({p for config in configs for p in environment_problems(config)})
         if problems:
             raise ConfigError("this machine cannot run the configuration:\n  - " + "\n  - ".join(problems))
+        if args.experiment_dir:
+            print(configs[0].run_dir.parent)
+            return 0
         if args.dry_run:
             for config in configs:
                 print(f"# arm {config.run.arm}\n" + yaml.safe_dump(config.to_dict(), sort_keys=False))

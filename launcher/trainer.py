@@ -39,20 +39,23 @@ from model import GPT, build_attention, resolve_backend
 
 
 class StopRequested:
-    """Set by SIGINT/SIGTERM; the loop checks it at the end of each step, saves and returns."""
+    """Set by SIGINT, SIGTERM or SIGUSR1 (slurm/pretrain_fp8.sh passes on SLURM's time-limit warning as USR1); the
+    loop checks it at the end of each step, saves and returns."""
 
     def __init__(self):
         self.requested = False
         self._previous = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C means: stop now
-            raise KeyboardInterrupt
+        if self.requested:
+            if signum == signal.SIGINT:  # a second Ctrl-C means: stop now
+                raise KeyboardInterrupt
+            return  # SLURM may send TERM and USR1 together (preemption near the time limit): the save goes on
         self.requested = True
         print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
               "(press Ctrl-C again to abort without saving)", flush=True)
@@ -195,15 +198,20 @@ class Trainer:
 
         self.store = CheckpointStore(self.run_dir)
         self.lock = None
+        latest = None
         if dims.is_logging_rank:  # one process group per run folder; then the folder's earlier run, if any
             self.lock = RunLock(self.run_dir).acquire()
-            message = start_fresh_or_resume(self.run_dir, self.store.latest(), config.checkpoint.resume,
-                                            config.run.overwrite)
+            if config.checkpoint.resume:  # verified, falling back past damaged ones (CheckpointError if none is left)
+                latest, damaged = self.store.resumable()
+                if damaged:
+                    print(f"[{config.run.arm}] {damaged}", flush=True)
+            earlier = latest or self.store.newest_file()  # damaged or not: a fresh start must not eat it
+            message = start_fresh_or_resume(self.run_dir, earlier, config.checkpoint.resume, config.run.overwrite)
             if message:
                 print(f"[{config.run.arm}] {message}", flush=True)
-        if dims.distributed:
-            dist.barrier()  # every rank looks for checkpoints after the folder is settled
-        latest = self.store.latest() if config.checkpoint.resume else None
+        if dims.distributed:  # every rank resumes the checkpoint the logging rank verified, once the folder is settled
+            choices = distributed.gather_objects((dims.is_logging_rank, latest), dims)
+            latest = next(path for is_logging, path in choices if is_logging)
         state = self.store.load(latest) if latest is not None else None
         if state is not None:
             check_fits(state, model, dims, latest)

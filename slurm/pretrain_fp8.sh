@@ -1,26 +1,52 @@
 #!/bin/bash
-# Baseline and fixed arm side by side: one array task per arm, each on its own set of nodes.
+# Baseline and fixed arm side by side: one array task per arm, each on its own nodes, one srun task per GPU.
 #
 #   sbatch slurm/pretrain_fp8.sh                          # gpt_1p3b_fp8 on 2 nodes x 8 GPUs per arm
 #   RECIPE=gpt2_small_paper sbatch --nodes=1 slurm/pretrain_fp8.sh run.max_steps=8000
 #
-# Arguments after the script are recipe overrides (section.field=value). Environment knobs: RECIPE, ARMS
-# (space-separated, default "baseline fixed"; the array size must match), NPROC_PER_NODE (default: GPUs on the
-# node, or 1 on a CPU partition), PYTHON (default: python3 in PATH, e.g. the project's .venv/bin/python).
-# Both arms use the recipe's seed, so they see identical batches. SLURM sends SIGTERM 5 minutes before the time
-# limit: each process saves a checkpoint and exits, and the requeued task resumes from it.
-# When both arms have ended, slurm/compare.sh writes runs/<experiment>/report/ (submitted by array task 0).
+# Arguments after the script are recipe overrides (section.field=value). Environment knobs (export them, or put them
+# on the sbatch line as VAR=value sbatch ...):
+#   RECIPE         recipe name or YAML path (default gpt_1p3b_fp8)
+#   ARMS           space-separated arms, one per array task (default "baseline fixed"; --array=0-<n-1> must match)
+#   PYTHON         interpreter (default python3 in PATH, e.g. the project's .venv/bin/python)
+#   MAX_REQUEUES   how many times the job may requeue itself at the time limit (default 5); SLURM_RESTART_COUNT
+#                  counts every requeue, also those after a node failure or preemption
+#   MASTER_PORT    rendezvous port (default 20000 + job id mod 20000: one per job, so arms and jobs never collide)
+#   NCCL_*         every NCCL setting below is a default only: a value in the environment wins
+#
+# Time limit: SLURM sends USR1 to this script 10 minutes before the limit (--signal=B:USR1@600); the script passes it
+# to the training processes, which finish the current step, save a checkpoint and exit; then the script requeues
+# the job (scontrol requeue) and the requeued job resumes from that checkpoint. Preemption (PreemptMode=REQUEUE) and
+# scancel send TERM to the processes: they save the same way; a preempted job is requeued, a cancelled one is not.
+# When both arms have ended, slurm/compare.sh writes <run.out_dir>/<experiment>/report/ (submitted by array task 0).
 #SBATCH --job-name=fp8-attention
 #SBATCH --array=0-1
 #SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
+#SBATCH --ntasks-per-node=8
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
 #SBATCH --time=24:00:00
-#SBATCH --signal=TERM@300
+#SBATCH --signal=B:USR1@600
 #SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=%x-%A_%a.out
 set -euo pipefail
+
+# Signals, from the first line on (an untrapped USR1 would kill this script): USR1 (time limit near) is passed on to
+# the training processes, and the job requeues itself after they have saved; TERM (preemption, scancel) reaches them
+# from SLURM directly, and this script only waits for their save. A signal before training starts skips training.
+STOP=""
+on_usr1() {
+  if [[ -n "$STOP" ]]; then return; fi  # already stopping (e.g. preempted: SLURM requeues the job itself)
+  STOP=time_limit
+  echo "[slurm] time limit near: the trainer saves a checkpoint after this step"
+  if [[ -n "${SRUN:-}" ]]; then
+    scancel --signal=USR1 "$SLURM_JOB_ID" || true  # to the job's steps (the trainer), not to this script
+  fi
+}
+on_term() { STOP=${STOP:-terminated}; }
+trap on_usr1 USR1
+trap on_term TERM
 
 # SLURM runs a spooled copy of this script, so paths are taken from the submission folder: the repository root.
 cd "${SLURM_SUBMIT_DIR:-.}"
@@ -37,23 +63,62 @@ if (( TASK >= ${#ARM_LIST[@]} )); then
 fi
 ARM=${ARM_LIST[$TASK]}
 PYTHON=${PYTHON:-python3}
-NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_PORT=$(( 29500 + TASK ))   # the arms may share a node on small test partitions
+MAX_REQUEUES=${MAX_REQUEUES:-5}
+RESTARTS=${SLURM_RESTART_COUNT:-0}
+FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+FIRST_ADDR=$(scontrol show node "$FIRST_NODE" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')  # node names need not resolve
+export MASTER_ADDR=${MASTER_ADDR:-${FIRST_ADDR:-$FIRST_NODE}}
+export MASTER_PORT=${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}
 
-# Validate the recipe before asking for the nodes' time; a mistake ends here with a message.
-"$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --dry-run > /dev/null
+# NCCL defaults an admin expects on InfiniBand H100 nodes; each one yields to a value already in the environment.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}                     # INFO to see the rings and transports chosen
+export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-22}             # ride out brief fabric hiccups instead of aborting
+export NCCL_ASYNC_ERROR_HANDLING=${NCCL_ASYNC_ERROR_HANDLING:-1}  # a dead peer ends the job, not a silent hang
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}            # NVLink SHARP off: not every fabric manager allows it
+# NCCL_SOCKET_IFNAME / NCCL_IB_HCA: left to NCCL's detection; set them if the nodes have several networks.
 
-if [[ "$TASK" == 0 && -n "${SLURM_ARRAY_JOB_ID:-}" && "${SLURM_RESTART_COUNT:-0}" == 0 ]]; then
-  EXPERIMENT=$("$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --dry-run | sed -n 's/^  experiment: //p' | head -n 1)
-  OUT_DIR=$("$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --dry-run | sed -n 's/^  out_dir: //p' | head -n 1)
+# One call validates the recipe for this arm and this job's process count (SLURM_NTASKS) before any node time is
+# spent, and names the experiment folder for the report; a mistake ends here with a one-line message.
+EXPERIMENT_DIR=$("$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --experiment-dir)
+
+# The report job: submitted once (not again by a requeued task), its log beside the report.
+if [[ "$TASK" == 0 && -n "${SLURM_ARRAY_JOB_ID:-}" && "$RESTARTS" == 0 && ${#ARM_LIST[@]} -gt 1 ]]; then
+  mkdir -p "$EXPERIMENT_DIR"
   sbatch --dependency="afterany:${SLURM_ARRAY_JOB_ID}" --export=ALL,PYTHON="$PYTHON" \
-    slurm/compare.sh "$OUT_DIR/$EXPERIMENT" || \
-    echo "could not submit the comparison job; run: python -m launcher.compare $OUT_DIR/$EXPERIMENT" >&2
+    --output="$EXPERIMENT_DIR/report-%j.out" slurm/compare.sh "$EXPERIMENT_DIR" || \
+    echo "could not submit the comparison job; run: python -m launcher.compare $EXPERIMENT_DIR" >&2
 fi
 
-echo "[slurm] arm $ARM of $RECIPE on $SLURM_NNODES node(s) x $NPROC_PER_NODE process(es), rendezvous $MASTER_ADDR:$MASTER_PORT"
-srun --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run \
-  --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" \
-  --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
-  -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --no-report
+STATUS=130  # (what an interrupted trainer returns)
+if [[ -z "$STOP" ]]; then
+  echo "[slurm] arm $ARM of $RECIPE on $SLURM_NNODES node(s), $SLURM_NTASKS process(es), rendezvous" \
+    "$MASTER_ADDR:$MASTER_PORT, restart $RESTARTS of at most $MAX_REQUEUES"
+  srun --kill-on-bad-exit=1 "$PYTHON" -m launcher.pretrain "$RECIPE" "$@" --arm "$ARM" --no-report &
+  SRUN=$!
+  set +e
+  wait "$SRUN"; STATUS=$?
+  while kill -0 "$SRUN" 2>/dev/null; do  # a trapped signal ends `wait` early: keep waiting for the save
+    wait "$SRUN"; STATUS=$?
+  done
+  set -e
+else
+  echo "[slurm] signalled ($STOP) before training started: not starting it"
+fi
+
+# Preemption sends TERM to the steps only; a job that ends within its GraceTime counts as ended, not preempted, and
+# SLURM would not requeue it.
+if [[ "$STATUS" != 0 && "$STOP" != time_limit ]] && scontrol show job "$SLURM_JOB_ID" | grep -q 'PreemptTime=[0-9]'
+then
+  STOP=preempted
+fi
+if [[ "$STOP" =~ ^(time_limit|preempted)$ && "$STATUS" != 0 ]]; then  # (status 0: completed before the signal)
+  if (( RESTARTS < MAX_REQUEUES )); then
+    echo "[slurm] $STOP: requeueing job $SLURM_JOB_ID (restart $(( RESTARTS + 1 )) of at most $MAX_REQUEUES)"
+    scontrol requeue "$SLURM_JOB_ID"
+  else
+    echo "[slurm] not requeueing: job $SLURM_JOB_ID was restarted $RESTARTS time(s), MAX_REQUEUES=$MAX_REQUEUES;" \
+      "submit again to continue from the last checkpoint" >&2
+  fi
+fi
+exit "$STATUS"

@@ -143,8 +143,8 @@ def test_resume_under_another_layout(reference, layout_run, common, out_dir, sou
     experiment = f"{source}_to_{target}"
     source_ckpt = run_dir(out_dir, source) / "checkpoints" / f"step_{FIRST_LEG:08d}.pt"
     (run_dir(out_dir, experiment) / "checkpoints").mkdir(parents=True)
-    shutil.copy(source_ckpt, run_dir(out_dir, experiment) / "checkpoints" / source_ckpt.name)
-    (run_dir(out_dir, experiment) / "checkpoints" / "latest").write_text(source_ckpt.name)
+    for path in (source_ckpt, source_ckpt.with_name(source_ckpt.name + ".sha256")):  # the checkpoint, its checksum
+        shutil.copy(path, run_dir(out_dir, experiment) / "checkpoints" / path.name)
     nproc, overrides = (1, []) if target == "single" else LAYOUTS[target]
     out = launch([*common, *overrides, f"run.experiment={experiment}", f"run.max_steps={STEPS}"], nproc).stdout
     assert f"at step {FIRST_LEG}" in out

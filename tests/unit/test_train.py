@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from launcher.checkpoint import CheckpointStore
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
-from launcher.trainer import lr_at, train_arm
+from launcher.trainer import StopRequested, lr_at, train_arm
 from tests.runs import scalars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +91,30 @@ def test_cli_reports_mistakes_without_traceback(args, expect, tmp_path):
     assert expect in out and "Traceback" not in out, out
 
 
+def test_experiment_dir_validates_and_prints_only_the_folder(tmp_path):
+    """What slurm/pretrain_fp8.sh reads in one call: the experiment folder, or one error line and exit status 2."""
+    proc = cli(["smoke", "--arm", "fixed", "--experiment-dir", f"run.out_dir={tmp_path}", "run.experiment=e1"])
+    assert proc.communicate(timeout=120)[0] == f"{tmp_path / 'e1'}\n" and proc.returncode == 0
+    proc = cli(["smoke", "--arm", "fixed", "--experiment-dir", f"run.out_dir={tmp_path}", "data.global_batch_size=7"])
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2 and out.startswith("error: ") and "Traceback" not in out, out
+    assert not (tmp_path / "smoke").exists()  # validation only: nothing written
+
+
+def test_repeated_cluster_signals_keep_the_save_and_a_second_ctrl_c_aborts():
+    """SLURM may send TERM (preemption) and USR1 (time-limit warning) to the same step: neither may abort the save.
+    Only a second Ctrl-C does."""
+    with StopRequested() as stop:
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGTERM):
+            os.kill(os.getpid(), sig)
+        assert stop.requested
+    with StopRequested() as stop, pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # the previous handlers are back
+
+
 def test_help_config_lists_documented_fields():
     proc = cli(["--help-config"])
     out = proc.communicate(timeout=60)[0]
@@ -120,7 +145,7 @@ def test_guard_stops_without_saving_the_bad_state(tiny_overrides, monkeypatch):
                                                     "eval.interval=0", "monitor.spectral_interval=1"])
     result = train_arm(config, ParallelDims())
     assert result.status == "stopped" and "loss is nan" in result.message
-    assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000004.pt"
+    assert CheckpointStore(result.run_dir).latest().name == "step_00000004.pt"
     dump = (result.run_dir / "bad_step_00000005.yaml").read_text()
     assert "spectral/L00/wq" in dump  # the monitors' last values are kept for the post-mortem
     assert scalars(result.run_dir, "guard/bad_steps") == {5: 1.0}
@@ -136,7 +161,7 @@ def test_guard_skip_drops_the_update_and_goes_on(tiny_overrides, monkeypatch, ba
     assert bad_step not in losses and all(math.isfinite(v) for v in losses.values())
     assert scalars(result.run_dir, "guard/bad_steps") == {bad_step: 1.0}
     # a skipped last step still ends with the final checkpoint (of the last good state)
-    assert (result.run_dir / "checkpoints" / "latest").read_text() == "step_00000006.pt"
+    assert CheckpointStore(result.run_dir).latest().name == "step_00000006.pt"
 
 
 def test_activation_checkpointing_changes_no_bit(tiny_overrides):

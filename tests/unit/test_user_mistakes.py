@@ -59,6 +59,14 @@ def test_a_fresh_start_in_a_used_folder_needs_overwrite(tiny_overrides, tmp_path
     assert cli(*args).returncode == 0
     out = one_line_error(cli(*args, "checkpoint.resume=false"))
     assert "set run.overwrite=true" in out
+    final = tmp_path / "runs" / "smoke" / "baseline" / "checkpoints" / "step_00000006.pt"
+    with open(final, "r+b") as f:  # the only checkpoint, damaged: still an earlier run that only overwrite removes
+        f.truncate(100)
+    assert "set run.overwrite=true" in one_line_error(cli(*args, "checkpoint.resume=false"))
+    out = one_line_error(cli(*args))
+    assert "no intact checkpoint to resume" in out and "step_00000006.pt is damaged (truncated: 100 of" in out, out
+    assert final.with_name(final.name + ".damaged").exists()  # kept for inspection
+    assert "set run.overwrite=true" in one_line_error(cli(*args, "checkpoint.resume=false"))  # also once renamed
     proc = cli(*args, "checkpoint.resume=false", "run.overwrite=true", "run.max_steps=3", "optim.decay_steps=6")
     assert proc.returncode == 0 and "started over" in proc.stdout, proc.stdout + proc.stderr
     losses = scalars(tmp_path / "runs" / "smoke" / "baseline", "train/loss")

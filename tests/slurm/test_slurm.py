@@ -1,0 +1,165 @@
+"""``sbatch slurm/pretrain_fp8.sh`` against a real slurmctld and two slurmd (tests/slurm/conftest.py), on CPU:
+both arms side by side on two nodes each, then the report; a job past its time limit signalled, checkpointed,
+requeued and resumed to the losses of an uninterrupted run (bit for bit), and one that may not requeue again
+stopping with its checkpoint; a scancel in the middle of a checkpoint write leaving a run that the next
+submission resumes; a preempted job saving and being requeued."""
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.checkpoint import CheckpointStore
+from tests.runs import REPO, all_scalars, launch, launcher_env
+
+pytestmark = pytest.mark.slurm
+
+# sbatch options that fit the test cluster's 2-CPU "nodes" (the script asks for 8 GPUs per node and whole nodes)
+CPU_JOB = ["--gpus-per-node=0", "--oversubscribe", "--cpus-per-task=1", "--mem=1G", f"--chdir={REPO}"]
+
+
+def tiny(kjv_data, out_dir, steps: int) -> list[str]:
+    return [f"data.data_dir={kjv_data}", f"run.out_dir={out_dir}", f"run.max_steps={steps}",
+            f"optim.decay_steps={steps}", "model.n_layer=2", "model.d_model=64", "model.n_head=1",
+            "model.max_seq_len=64", "data.seq_len=64", "data.global_batch_size=4", "data.micro_batch_size=2",
+            "optim.warmup_steps=2", "eval.batches=2", "monitor.spectral_interval=0", "monitor.probe_interval=0",
+            "precision.dtype=fp32"]
+
+
+def job_env(**extra) -> dict:
+    return {**launcher_env(), "RECIPE": "smoke", "PYTHON": sys.executable, **extra}
+
+
+def output(tmp_path) -> str:
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("fp8-attention-*.out")))
+
+
+def test_both_arms_on_two_nodes_each_then_the_report(slurm, kjv_data, tmp_path):
+    out_dir = tmp_path / "runs"
+    overrides = [*tiny(kjv_data, out_dir, 6), "eval.interval=3", "run.log_interval=1", "checkpoint.interval=0"]
+    job = slurm.sbatch(["--nodes=2", "--ntasks-per-node=1", *CPU_JOB, f"--output={tmp_path}/%x-%A_%a.out",
+                        "slurm/pretrain_fp8.sh", *overrides], job_env(), REPO)
+    tasks = slurm.wait(job, timeout=300)
+    said = output(tmp_path)
+    assert [t.state for t in tasks] == ["COMPLETED", "COMPLETED"], said + slurm.logs()
+    starts = re.findall(r"\[slurm\] arm (\w+) of smoke on 2 node\(s\), 2 process\(es\), rendezvous ([\d.]+):(\d+)",
+                        said)
+    assert sorted(arm for arm, _, _ in starts) == ["baseline", "fixed"], said
+    assert len({port for _, _, port in starts}) == 2  # one port per job: the arms never collide
+    assert all(t.fields["NodeList"] == "n[1-2]" for t in tasks)
+
+    report_job = re.search(r"Submitted batch job (\d+)", said).group(1)
+    assert [t.state for t in slurm.wait(report_job, timeout=120)] == ["COMPLETED"], slurm.logs()
+    assert (out_dir / "smoke" / "report" / "report.html").is_file()
+    assert "report:" in (out_dir / "smoke" / f"report-{report_job}.out").read_text()
+
+    # The two-node arm trained what one process trains (data parallel 2 matches 1 process to 1e-4)
+    launch(["smoke", "--arm", "baseline", "--no-report", *overrides, f"run.out_dir={tmp_path / 'single'}"])
+    single = all_scalars(tmp_path / "single" / "smoke" / "baseline")["train/loss"]
+    arms = {arm: all_scalars(out_dir / "smoke" / arm)["train/loss"] for arm in ("baseline", "fixed")}
+    assert sorted(arms["baseline"]) == sorted(arms["fixed"]) == list(range(1, 7))
+    assert arms["baseline"][1] == pytest.approx(arms["fixed"][1], rel=1e-3)  # same weights, same batch
+    assert arms["baseline"] != arms["fixed"]  # but each task trained its own arm
+    for step, value in single.items():
+        assert abs(arms["baseline"][step] - value) <= 1e-4 * abs(value), (step, arms["baseline"][step], value)
+
+
+def test_time_limit_checkpoints_requeues_and_resumes_exactly(slurm, kjv_data, tmp_path):
+    """--time=2 with the time-limit warning 75 s ahead: each leg gets USR1, saves after its step, requeues itself
+    and the next leg resumes, until the run completes. A second job with MAX_REQUEUES=0 stops after its first save.
+    slurmctld sends the warning from a check it runs every ~30 s, so it comes 45-75 s before the limit, i.e. 15-45 s
+    after a leg starts: after the trainer is up (~8 s), and before a ~60 s run ends. (With --time=1 and @45 a
+    requeued leg was signalled the moment it started.)"""
+    steps = 6000  # ~60 s at ~10 ms a step (longer on a busier machine, which only adds legs)
+    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=2000", "run.log_interval=1000",
+              "checkpoint.interval=0", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
+    for name in ("requeued", "capped"):
+        (tmp_path / name).mkdir()  # SLURM opens the output file but does not make its folder
+    limit = ["--array=0", "--nodes=1", "--ntasks-per-node=1", "--time=2", "--signal=B:USR1@75", *CPU_JOB]
+    requeued = slurm.sbatch([*limit, f"--output={tmp_path}/requeued/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
+                             "run.experiment=requeued"], job_env(ARMS="baseline", MAX_REQUEUES="8"), REPO)
+    capped = slurm.sbatch([*limit, f"--output={tmp_path}/capped/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
+                           "run.experiment=capped"], job_env(ARMS="baseline", MAX_REQUEUES="0"), REPO)
+
+    [capped_job] = slurm.wait(capped, timeout=300)
+    # the uninterrupted run, beside the second leg (not beside the first two: the 2 cores would slow them down)
+    straight = subprocess.Popen([sys.executable, "-m", "launcher.pretrain", "smoke", "--arm", "baseline",
+                                 "--no-report", *common, "run.experiment=straight"], cwd=REPO, env=launcher_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = output(tmp_path / "capped")
+    assert "SIGUSR1: finishing this step" in said and "not requeueing: job" in said, said
+    assert capped_job.restarts == 0 and capped_job.state == "FAILED"  # exit 130: interrupted, with its checkpoint
+    stopped_at = int(re.search(r"interrupted at step (\d+)", said).group(1))
+    assert 0 < stopped_at < steps
+    assert CheckpointStore(tmp_path / "runs" / "capped" / "baseline").latest().name == f"step_{stopped_at:08d}.pt"
+
+    [job] = slurm.wait(requeued, timeout=600)
+    said = output(tmp_path / "requeued")
+    print(f"capped job stopped at step {stopped_at}; requeued job: {job.restarts} restart(s), {job.state}")
+    assert job.state == "COMPLETED" and job.restarts >= 1, said + slurm.logs()
+    assert said.count("[slurm] time_limit: requeueing job") == job.restarts
+    assert said.count("SIGUSR1: finishing this step") == job.restarts
+    assert len(re.findall(r"resumed from .* at step \d+", said)) == job.restarts
+    assert f"completed at step {steps}" in said
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()
+    got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("requeued", "straight"))
+    assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]  # bit for bit
+
+
+def test_scancel_during_a_checkpoint_write_leaves_a_resumable_run(slurm, kjv_data, tmp_path):
+    steps = 40
+    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=10", "run.log_interval=1",
+              "checkpoint.interval=10", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
+    args = ["--array=0", "--nodes=1", "--ntasks-per-node=1", *CPU_JOB, f"--output={tmp_path}/%x-%A_%a.out",
+            "slurm/pretrain_fp8.sh", *common]
+    first = slurm.sbatch(args, job_env(ARMS="baseline", CHECKPOINT_TEST_PAUSE_S="3"), REPO)
+    deadline = time.time() + 120
+    while output(tmp_path).count("[checkpoint] test pause") < 2:  # inside the second save (step 20)
+        assert time.time() < deadline, output(tmp_path) + slurm.logs()
+        time.sleep(0.2)
+    slurm.run("scancel", first)  # TERM to the job: the save finishes, the trainer exits
+    [cancelled] = slurm.wait(first, timeout=120)
+    said = output(tmp_path)
+    assert cancelled.state == "CANCELLED" and "SIGTERM: finishing this step" in said, said
+    # the signal came inside the step-20 save: that save completes, and one more step is saved (21) before exiting
+    saved = CheckpointStore(tmp_path / "runs" / "smoke" / "baseline").latest().name
+    assert saved in ("step_00000020.pt", "step_00000021.pt"), said
+
+    second = slurm.sbatch(args, job_env(ARMS="baseline"), REPO)
+    [done] = slurm.wait(second, timeout=300)
+    said = output(tmp_path)
+    assert done.state == "COMPLETED" and f"resumed from {saved}" not in said  # (the path is absolute)
+    assert re.search(rf"resumed from \S*{saved} at step {int(saved[5:13])}", said), said
+    launch(["smoke", "--arm", "baseline", "--no-report", *common, "run.experiment=straight"])
+    got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
+    assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
+
+
+def test_preemption_saves_and_requeues_the_job(slurm, kjv_data, tmp_path):
+    """PreemptMode=REQUEUE: a whole-node job in a higher-tier partition preempts the run, which gets TERM, saves after
+    its step and is requeued; it resumes when the node is free again and ends with the uninterrupted losses."""
+    steps = 1000
+    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=1000", "run.log_interval=100",
+              "checkpoint.interval=0", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
+    job = slurm.sbatch(["--array=0", "--nodes=1", "--ntasks-per-node=1", "--nodelist=n1", *CPU_JOB,
+                        f"--output={tmp_path}/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common],
+                       job_env(ARMS="baseline"), REPO)
+    deadline = time.time() + 120
+    while f"step    200/{steps}" not in output(tmp_path):
+        assert time.time() < deadline, output(tmp_path) + slurm.logs()
+        time.sleep(0.2)
+    urgent = slurm.sbatch(["--partition=urgent", "--nodelist=n1", "--exclusive", f"--output={tmp_path}/urgent.out",
+                           "--wrap", "sleep 2"], {}, tmp_path)
+    [done] = slurm.wait(job, timeout=300)
+    said = output(tmp_path)
+    assert done.state == "COMPLETED" and done.restarts == 1, f"{done}\n{said}\n{slurm.logs()}"
+    assert [j.state for j in slurm.wait(urgent, timeout=60)] == ["COMPLETED"]
+    # the trainer saved within the grace time, so the script requeues the job (SLURM would count it as ended)
+    assert "SIGTERM: finishing this step" in said and "[slurm] preempted: requeueing job" in said, said
+    stopped_at = int(re.search(r"interrupted at step (\d+)", said).group(1))
+    assert re.search(rf"resumed from \S*step_{stopped_at:08d}.pt at step {stopped_at}", said), said
+    launch(["smoke", "--arm", "baseline", "--no-report", *common, "run.experiment=straight"])
+    got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
+    assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
