@@ -1,0 +1,202 @@
+"""Training throughput of this recipe's trainer against a minimal nanoGPT-style trainer of the same shape, in one
+process on whatever device is present.
+
+    python -m benchmarks.train_speed RECIPE [section.field=value ...] [--arm NAME] [--steps 12] [--skip 4]
+                                     [--baselines flash,cudnn] [--no-compile-baseline] [--json FILE]
+
+Both sides train the recipe's model shape (layers, width, heads, vocabulary, context) on the same global batch, with
+the same micro-batches, BF16 autocast on a GPU, FP32 weights and fused AdamW:
+
+- ``recipe``: ``launcher.trainer.Trainer`` for the recipe's arm exactly as a run builds it (attention backend and
+  numerics, ``run.compile``, FP8 FFNs, its guard), without evaluation, monitors or checkpoints; one
+  ``Trainer.train_step`` per optimizer step.
+- ``sdpa_<backend>``: a plain GPT written here (fused QKV, ``scaled_dot_product_attention`` restricted to one SDPA
+  backend, tied embeddings, pre-LN, tanh-GELU), compiled with ``torch.compile`` unless ``--no-compile-baseline``:
+  what a user of a nanoGPT-style trainer runs today.
+
+Reported per side: tokens/s (median over the steps after the first ``--skip``), MFU against the device's dense BF16
+peak (same FLOPs per token for both sides: 6N + 12 L d T), and the ratio to the first baseline. On a CPU use the
+``math`` baseline (the fast SDPA backends need a GPU); CPU numbers say nothing about GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from launcher.config import ConfigError, arm_names, build_config, load_recipe
+from launcher.metrics import peak_tflops
+from launcher.parallel.dims import ParallelDims
+
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.fc, self.out = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class MinimalGPT(nn.Module):
+    """The baseline: nanoGPT's structure in a few lines (no dropout, no biases, tied embeddings)."""
+
+    def __init__(self, vocab: int, context: int, layers: int, heads: int, d: int):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(_Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d, bias=False)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.tok.weight)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_tokens_per_s(step, steps: int, skip: int, tokens: int, device: torch.device) -> float:
+    times = []
+    for i in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        step(i)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        print(f"  step {i + 1}/{steps}: {times[-1]:.3f} s", flush=True)
+    return tokens / statistics.median(times[skip:])
+
+
+def time_recipe(config, steps: int, skip: int, device: torch.device) -> float:
+    from launcher.trainer import Trainer
+
+    trainer = Trainer(config, ParallelDims(device=device))
+    try:
+        return _median_tokens_per_s(trainer.train_step, steps, skip,
+                                    config.data.global_batch_size * config.data.seq_len, device)
+    finally:
+        trainer.engine.close()
+        if trainer.lock is not None:
+            trainer.lock.release()
+
+
+def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: int, device: torch.device) -> float:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    m, data = config.model, config.data
+    torch.manual_seed(config.run.seed)
+    model = MinimalGPT(m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.d_model).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, fused=device.type == "cuda")
+    forward = torch.compile(model) if compile_model else model
+    accumulation = data.global_batch_size // data.micro_batch_size
+    shape = (data.micro_batch_size, data.seq_len)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(_):
+        for _ in range(accumulation):
+            x = torch.randint(0, m.vocab_size, shape, device=device)  # the costs do not depend on the tokens
+            with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])), autocast:
+                loss = forward(x, torch.roll(x, -1, 1))
+            (loss / accumulation).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return _median_tokens_per_s(step, steps, skip, data.global_batch_size * data.seq_len, device)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_speed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--arm", help="the recipe's arm (default: its first)")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--skip", type=int, default=4, help="first steps left out of the median (compilation)")
+    parser.add_argument("--baselines", default="flash,cudnn", help=f"SDPA backends: {', '.join(SDPA_BACKENDS)}")
+    parser.add_argument("--no-compile-baseline", action="store_true", help="run the baseline eagerly")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_intermixed_args(argv)
+    baselines = [b for b in args.baselines.split(",") if b]
+    unknown = [b for b in baselines if b not in SDPA_BACKENDS]
+    if unknown or not baselines or args.steps <= args.skip:
+        parser.error(f"--baselines takes one or more of {', '.join(SDPA_BACKENDS)} (got {args.baselines!r}), and "
+                     f"--steps must exceed --skip")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        quiet = ["eval.interval=0", "monitor.spectral_interval=0", "monitor.probe_interval=0",
+                 "checkpoint.enabled=false", f"run.out_dir={tmp}", f"run.max_steps={args.steps}",
+                 "run.log_interval=1000000"]
+        try:
+            tree = load_recipe(args.recipe, [*args.overrides, *quiet])
+            config = build_config(tree, args.arm or arm_names(tree)[0])
+            if config.model.vocab_size == 0:
+                raise ConfigError("set model.vocab_size (the baseline needs it before any data is opened)")
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        rows = []
+        for backend in baselines:
+            print(f"[train_speed] sdpa_{backend} (compile={not args.no_compile_baseline})", flush=True)
+            rows.append({"side": f"sdpa_{backend}", "tokens_per_s": time_baseline(
+                config, backend, not args.no_compile_baseline, args.steps, args.skip, device)})
+        print(f"[train_speed] recipe {args.recipe}, arm {config.run.arm}: attention {config.attention.backend} "
+              f"{config.attention.numerics}, compile={config.run.compile}, fp8_ffn={config.precision.fp8_ffn}",
+              flush=True)
+        rows.insert(0, {"side": "recipe", "tokens_per_s": time_recipe(config, args.steps, args.skip, device)})
+    flops = _flops_per_token(config)
+    peak = peak_tflops(config.run.peak_tflops, device)
+    reference = rows[1]["tokens_per_s"]
+    print(f"\n{config.model.n_layer} x {config.model.d_model}, {config.model.n_head} heads, context "
+          f"{config.data.seq_len}, {config.data.global_batch_size} sequences per step, micro-batch "
+          f"{config.data.micro_batch_size}, on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}")
+    print(f"| side | tokens/s | MFU | vs {rows[1]['side']} |\n|---|---|---|---|")
+    for row in rows:
+        row["mfu"] = row["tokens_per_s"] * flops / (peak * 1e12) if peak else math.nan
+        row["ratio"] = row["tokens_per_s"] / reference
+        print(f"| {row['side']} | {row['tokens_per_s']:,.0f} | {100 * row['mfu']:.1f}% | {row['ratio']:.3f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"recipe": args.recipe, "overrides": args.overrides,
+                                               "device": str(device), "rows": rows}, indent=1))
+    return 0
+
+
+def _flops_per_token(config) -> float:
+    """Training FLOPs per token as the trainer counts them for its MFU (model.GPT.flops_per_token), computed on the
+    meta device so that no memory is allocated."""
+    from model import GPT
+
+    with torch.device("meta"):
+        return GPT(config.model).flops_per_token(config.data.seq_len)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
