@@ -158,14 +158,14 @@ class CheckpointStore:
             return f"unreadable ({err.strerror or err})"
         return None if sha.hexdigest() == record["sha256"] else "checksum mismatch: its contents changed after saving"
 
+    def _looks_complete(self, path: Path) -> bool:
+        """Checksum file present and size as recorded (the contents are not read; :meth:`problem` does that)."""
+        record, _ = self._recorded(path)
+        return record is not None and self._size_problem(path, record) is None
+
     def latest(self) -> Optional[Path]:
-        """The newest checkpoint that looks complete (checksum file present, size as recorded), without reading it;
-        :meth:`resumable` verifies contents."""
-        for path in reversed(self.steps()):
-            record, _ = self._recorded(path)
-            if record is not None and self._size_problem(path, record) is None:
-                return path
-        return None
+        """The newest checkpoint that looks complete, without reading it; :meth:`resumable` verifies contents."""
+        return next((path for path in reversed(self.steps()) if self._looks_complete(path)), None)
 
     def resumable(self) -> tuple[Optional[Path], Optional[str]]:
         """(newest intact checkpoint or None, a one-line message naming the damaged newer ones or None). Damaged
@@ -223,7 +223,7 @@ class CheckpointStore:
     def _prune(self) -> None:
         """Keep the KEEP newest intact-looking checkpoints; delete everything of an older step (checkpoints, their
         checksum files, damaged and temporary files). So the newest good checkpoint is never deleted."""
-        kept = [p for p in self.steps() if (r := self._recorded(p)[0]) is not None and self._size_problem(p, r) is None]
+        kept = [p for p in self.steps() if self._looks_complete(p)]
         if not kept:
             return
         oldest_kept = _step_of(kept[-KEEP:][0])

@@ -210,8 +210,9 @@ class Trainer:
             if message:
                 print(f"[{config.run.arm}] {message}", flush=True)
         if dims.distributed:  # every rank resumes the checkpoint the logging rank verified, once the folder is settled
-            choices = distributed.gather_objects((dims.is_logging_rank, latest), dims)
-            latest = next(path for is_logging, path in choices if is_logging)
+            chosen = [latest]
+            dist.broadcast_object_list(chosen, src=0)  # the logging rank is rank 0
+            latest = chosen[0]
         state = self.store.load(latest) if latest is not None else None
         if state is not None:
             check_fits(state, model, dims, latest)

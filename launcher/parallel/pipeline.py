@@ -87,16 +87,15 @@ class PipelineEngine(ZeroEngine):
 
         topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
         stage = PipelineModule(layers, topology=topology, loss_fn=loss_fn, partition_method="parameters")
+        self.model = stage
         self.first_layer = stage._local_start  # index of this stage's first layer in the list above
         if config.precision.fp8_ffn:  # only this stage's blocks, built directly on the GPU
             from launcher.fp8 import apply_fp8_ffn
 
-            local = range(self.first_layer - 2, self.first_layer - 2 + len(stage.forward_funcs))
-            apply_fp8_ffn([gpt.blocks[i] for i in local if 0 <= i < len(gpt.blocks)], config.precision, dims)
+            apply_fp8_ffn(self.blocks().values(), config.precision, dims)
         stage.to(dims.device)
         names = {id(p): n for n, p in named_parameters(gpt)}  # after the FP8 swap: TE's parameters under plain names
         self.names = {id(p): param_name_of(names, p) for p in stage.parameters()}
-        self.model = stage
 
         # the pipeline module brings its own topology as DeepSpeed's mpu
         self._start_deepspeed(deepspeed_config(config, dims, zero_stage=1), run_dir, mpu=None)
