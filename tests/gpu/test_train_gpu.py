@@ -40,7 +40,7 @@ def test_compiled_trainer_trains_like_eager_with_triton_kernel(tiny_overrides, r
     losses = {}
     for compiled in ("false", "true"):
         config = load_config("smoke", tiny_overrides + GPU_OVERRIDES + [
-            f"attention.rounding={rounding}", f"attention.fix={fix}", f"run.compile={compiled}",
+            f"arms.fixed.attention.rounding={rounding}", f"arms.fixed.attention.fix={fix}", f"run.compile={compiled}",
             "run.max_steps=8", "optim.decay_steps=8", "monitor.spectral_interval=0", "monitor.probe_interval=0",
             "eval.interval=0", f"run.experiment=compile_{compiled}"], arm="fixed")
         result = train_arm(config, ParallelDims(device=torch.device("cuda", 0)))
