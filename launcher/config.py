@@ -176,6 +176,10 @@ class RunConfig:
     """Seed of initialisation and of the batch sequence; arms of one experiment share it."""
     max_steps: int = 10000
     """Optimizer steps to train for."""
+    max_minutes: float = 0.0
+    """Wall-clock budget of this arm's training in this process (0: none). When it is spent, the step in progress
+    ends, a checkpoint is written and the run stops as if interrupted; the same command continues it. The schedule
+    still follows run.max_steps. For fixed-length allocations (a device call, a SLURM time limit)."""
     log_interval: int = 10
     """Print a progress line and write train/* scalars every this many steps."""
     device: str = "auto"
@@ -509,6 +513,8 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append("optim.beta1 and optim.beta2 must be in [0, 1)")
     if r.max_steps <= 0:
         problems.append(f"run.max_steps={r.max_steps} must be positive")
+    if not r.max_minutes >= 0:
+        problems.append(f"run.max_minutes={r.max_minutes} must be >= 0 (0: no time limit)")
     if r.log_interval <= 0:
         problems.append("run.log_interval must be positive")
     problems += _choice(r.device, ("auto", "cuda", "cpu"), "run.device")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -320,6 +321,7 @@ class Trainer:
         status, message = "completed", ""
         step = self.start_step
         metrics.restart_clock()
+        deadline = time.monotonic() + 60 * config.run.max_minutes if config.run.max_minutes else None
         with StopRequested() as stop:
             while step < max_steps:
                 result = self.train_step(step)
@@ -340,13 +342,15 @@ class Trainer:
                 if config.eval.interval and (step % config.eval.interval == 0 or step == max_steps):
                     metrics.eval_loss(step, self.evaluate())
                     metrics.restart_clock()  # evaluation time is not training throughput
-                interrupted = distributed.any_rank(stop.requested, self.dims)
+                time_up = deadline is not None and time.monotonic() >= deadline
+                interrupted = distributed.any_rank(stop.requested or time_up, self.dims)
                 due = config.checkpoint.interval and step % config.checkpoint.interval == 0
                 if config.checkpoint.enabled and (due or interrupted or step == max_steps):
                     self.save_checkpoint(step)
                     metrics.restart_clock()
                 if interrupted:
-                    status, message = "interrupted", f"interrupted at step {step}; the same command resumes"
+                    why = f"run.max_minutes={config.run.max_minutes:g} spent" if time_up else "interrupted"
+                    status, message = "interrupted", f"{why} at step {step}; the same command resumes"
                     break
         metrics.close()
         self.engine.close()

@@ -78,6 +78,21 @@ def test_interrupted_run_resumes_to_identical_losses(tiny_overrides, tmp_path):
     assert a == b  # bit-identical FP32 losses on CPU
 
 
+def test_time_limit_saves_and_the_same_command_continues(tiny_overrides):
+    """run.max_minutes ends the run after the step that spends the budget, with a checkpoint; the same config
+    (without the limit) resumes from there to the end, with the losses of an uninterrupted run."""
+    common = tiny_overrides + ["run.max_steps=6", "checkpoint.interval=0"]
+    full = train_arm(load_config("smoke", common + ["run.experiment=full"]), ParallelDims())
+    first = train_arm(load_config("smoke", common + ["run.experiment=cut", "run.max_minutes=1e-6"]), ParallelDims())
+    assert first.status == "interrupted" and first.steps == 1
+    assert "run.max_minutes=1e-06 spent at step 1" in first.message
+    assert (first.run_dir / "checkpoints" / "step_00000001.pt").exists()
+    rest = train_arm(load_config("smoke", common + ["run.experiment=cut"]), ParallelDims())
+    assert rest.status == "completed" and rest.steps == 6
+    a, b = scalars(full.run_dir, "train/loss"), scalars(rest.run_dir, "train/loss")
+    assert sorted(b) == sorted(a) and all(abs(a[s] - b[s]) <= 1e-6 * abs(a[s]) for s in a)
+
+
 @pytest.mark.parametrize("args, expect", [
     (["smoke", "model.n_layers=3"], "Valid keys in model: vocab_size"),
     (["smoke", "data.data_dir=/nonexistent/prepared"], "python -m launcher.prepare_data --out /nonexistent/prepared"),
