@@ -32,11 +32,13 @@ def test_probe_of_a_trained_checkpoint(tiny_overrides, tmp_path):
                                                   for m in ("fa2/none", "fa2/fp32_output", "paper/none")}
     by_mode = {m: [r for r in rows if r[2] == m] for m in ("fa2/none", "fa2/fp32_output")}
     rms_none = [float(r[4]) for r in by_mode["fa2/none"]]
-    rms_fp32 = [float(r[4]) for r in by_mode["fa2/fp32_output"]]
-    assert max(rms_none) > 0, "fa2/none rounds O to bf16: its delta error cannot be identically 0"
-    # The FP32 O keeps only the error of the bf16 P_bar operand of P_bar V (random over ~64 keys, a few times below
-    # the final cast's 2^-9); on near-uniform attention of a 6-step model that is not 0, but far from bf16 O's.
-    assert all(f < 0.5 * n for f, n in zip(rms_fp32, rms_none)), (rms_fp32, rms_none)
+    fp32 = [(float(r[3]), float(r[4])) for r in by_mode["fa2/fp32_output"]]
+    assert min(rms_none) > 0, "fa2/none rounds O to bf16: its delta error cannot be identically 0"
+    # The FP32 O drops the final cast's error; what is left is the bf16 P_bar operand of P_bar V, random and of the
+    # same order on the diffuse attention of a 6-step model: smaller than fa2/none's in every head, without a bias
+    # (|mean| within a few standard errors over 2 x 2 x 64 rows).
+    assert all(rms < n for (_, rms), n in zip(fp32, rms_none)), (fp32, rms_none)
+    assert all(abs(mean) < 5 * rms / 256**0.5 for mean, rms in fp32), fp32
     assert len(table_rows(proc.stdout, 4)) == 4  # tie rates per layer and head
     assert out.read_text().strip() == proc.stdout.strip()
 
