@@ -23,6 +23,33 @@ FIX_CODE = dict(zip(FIXES, range(4)))
 TIE_GAP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
+# Key tile of the kernel's forward under the interpreter and of the reference (block_n): the tile in which the safe
+# fix counts ties, and today the tile at which rounding=paper rounds its running O and l.
+KEY_TILE = 64
+
+
+def mode_kwargs(rounding: str, fix: str, paper_block_keys: int | None = None) -> dict:
+    """Keyword arguments that select a numerics mode in ``reference_attention``, ``saved_output`` and
+    ``flash_attention``: the one place a caller passes the paper tile size (keys per rounding tile of
+    rounding=paper; 0 = the whole row). ``None`` leaves it out, so the kernels' own default applies."""
+    kwargs = {"rounding": rounding, "fix": fix}
+    if paper_block_keys is not None:
+        kwargs["paper_block_keys"] = paper_block_keys
+    return kwargs
+
+
+def tie_tile_keys(rounding: str, paper_block_keys: int | None = None) -> int:
+    """Keys per tile in which a repeated maximum matters for the run's numerics (0 = the whole row).
+
+    paper: the paper tile (``paper_block_keys``, KEY_TILE where the kernels predate it): two maxima in different
+    tiles meet as exact bf16 partial sums and do not bias. fa2: KEY_TILE, where the safe fix counts ties inside a tile
+    (ties across tiles bias fa2 too, and its safe fix catches them against the running maximum; the whole-row tie
+    rate measures those)."""
+    if rounding == "paper" and paper_block_keys is not None:
+        return paper_block_keys
+    return KEY_TILE
+
+
 def _fp32(x: float) -> float:
     """x rounded to the nearest FP32 value: scalars reach Triton kernels as FP32, so the reference uses the same."""
     return float(torch.tensor(x, dtype=torch.float32))

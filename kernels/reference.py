@@ -30,20 +30,26 @@ POISON_OUTPUTS = False  # tests set this: gradient buffers filled tile by tile s
 
 
 def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor, nm: Numerics,
-              lp: torch.dtype) -> torch.Tensor:
+              lp: torch.dtype, seen_max: torch.Tensor) -> torch.Tensor:
     """The maximum m that a score tile ``s`` (..., rows, cols) contributes to the online softmax, per row.
 
-    ``rows``: global query indices; ``bh``: global (batch, head) indices b * total_heads + head_offset + h.
+    ``rows``: global query indices; ``bh``: global (batch, head) indices b * total_heads + head_offset + h;
+    ``seen_max``: the raw (unshifted) row maximum of the earlier tiles (-inf before the first).
 
     none / fp32_output: the row maximum r_m. dynamic_max_published (the paper's rule): with r_s = #{S : r_m - S <=
     eps}, m = beta*r_m if r_s > 1 and r_m > 0, m = 0 if r_s > 1 and r_m < 0, else r_m. dynamic_max (safe): m = r_m +
-    delta for every row, delta in [2^-6, 2^-6 + 0.5) from ``safe_shift``. Fully masked rows (r_m = -inf) stay -inf.
+    delta for every tied row, delta in [2^-6, 2^-6 + 0.5) from ``safe_shift``; in fa2 rounding a row also counts as
+    tied when r_m is within eps of ``seen_max`` (a repeated maximum split over tiles: the FP32 accumulator adds the
+    tiles' exact ones and the final cast meets the same midpoint as within one tile). Fully masked rows (r_m = -inf)
+    stay -inf.
     """
     if nm.fix not in (FIX_SAFE, FIX_PUBLISHED):
         return r_m
     r_s = ((r_m.unsqueeze(-1) - s) <= nm.eps_cmp).sum(-1)
     tied = r_s > 1
     if nm.fix == FIX_SAFE:
+        if not nm.paper:
+            tied = tied | ((r_m - seen_max).abs() <= nm.eps_cmp)
         return torch.where(tied, r_m + safe_shift(r_m, rows, bh) * nm.shift_scale, r_m)
     else:
         scaled = r_m * nm.beta
@@ -83,6 +89,7 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     acc = torch.zeros(bsz, heads, seq, dim, device=dev)
     l_i = torch.zeros(bsz, heads, seq, device=dev)
     m_i = torch.full((bsz, heads, seq), float("-inf"), device=dev)
+    seen_max = m_i.clone()  # raw row maximum of the tiles so far (the safe fix's cross-tile trigger in fa2)
     shadow = nm.paper and nm.keeps_fp32_output
     if shadow:
         acc32, l32 = torch.zeros_like(acc), torch.zeros_like(l_i)
@@ -99,7 +106,8 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
             valid = valid & (cols <= rows.unsqueeze(-1))
         s = s.masked_fill(~valid, float("-inf"))
         r_m = s.amax(-1)
-        m_new = torch.maximum(m_i, _tile_max(s, r_m, rows, bh, nm, lp))
+        m_new = torch.maximum(m_i, _tile_max(s, r_m, rows, bh, nm, lp, seen_max))
+        seen_max = torch.maximum(seen_max, r_m)
         m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
         vt = vf[:, :, n0:n1]
         if nm.paper:

@@ -113,12 +113,17 @@ def _safe_shift(r_m, rows, bh):
 
 
 @triton.jit
-def _tile_max(s, r_m, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.constexpr, FIX: tl.constexpr,
+def _tile_max(s, r_m, seen_max, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.constexpr, FIX: tl.constexpr,
               IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
-    """Maximum that score tile s contributes to the online softmax, per row (see reference._tile_max)."""
+    """Maximum that score tile s contributes to the online softmax, per row (see reference._tile_max).
+
+    ``seen_max``: raw row maximum of the earlier tiles (fa2's cross-tile trigger of the safe fix)."""
     if FIX == 1:  # dynamic_max (safe): bounded, per-row varying shift of a repeated maximum
         r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
-        m = tl.where(r_s > 1, r_m + _safe_shift(r_m, rows, bh) * shift_scale, r_m)
+        tied = r_s > 1
+        if not PAPER:  # fa2: a maximum repeated in an earlier tile meets the same midpoint at the final cast
+            tied = tied | (tl.abs(r_m - seen_max) <= eps_cmp)
+        m = tl.where(tied, r_m + _safe_shift(r_m, rows, bh) * shift_scale, r_m)
     elif FIX == 2:  # dynamic_max_published
         r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
         tied = r_s > 1
@@ -138,13 +143,14 @@ def _tile_max(s, r_m, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.constexpr,
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, lo, hi,
-               score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
-               EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
+def _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash,
+               T, lo, hi, score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, FIX: tl.constexpr,
+               IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
     """Online softmax over key tiles [lo, hi): MASKED adds the causal and ragged-tail masks.
 
-    ``bh_hash``: the global (batch, head) index that the safe fix hashes (never used to address memory)."""
+    ``bh_hash``: the global (batch, head) index that the safe fix hashes (never used to address memory);
+    ``seen_max``: the raw row maximum of the tiles before (kept only for fa2's safe fix)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -163,8 +169,10 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
                 valid = valid & (offs_m[:, None] >= cols[None, :])
             s = tl.where(valid, s, float("-inf"))
         r_m = tl.max(s, 1)
-        m_new = tl.maximum(m_i, _tile_max(s, r_m, offs_m, bh_hash, beta, eps_cmp, shift_scale, PAPER, FIX, IS_BF16,
-                                          EXPLICIT))
+        m_new = tl.maximum(m_i, _tile_max(s, r_m, seen_max, offs_m, bh_hash, beta, eps_cmp, shift_scale, PAPER, FIX,
+                                          IS_BF16, EXPLICIT))
+        if FIX == 1 and not PAPER:
+            seen_max = tl.maximum(seen_max, r_m)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if MASKED:
             v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
@@ -188,7 +196,7 @@ def _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_v
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, acc * alpha[:, None], EXPLICIT)
         m_i = m_new
-    return acc, l_i, m_i, acc32, l32
+    return acc, l_i, m_i, seen_max, acc32, l32
 
 
 @triton.jit
@@ -215,6 +223,7 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
     k_base = K + b * stride_kb + (h // GROUP) * stride_kh
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    seen_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if SHADOW:
@@ -229,14 +238,14 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
     else:
         full_hi = (T // BLOCK_N) * BLOCK_N
         hi = T
-    acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                           offs_d, bh_hash, T, 0, full_hi, score_scale, exp_scale, shift_scale, beta,
-                                           eps_cmp, LP, BLOCK_N, False,
-                                           CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
-    acc, l_i, m_i, acc32, l32 = _fwd_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m,
-                                           offs_d, bh_hash, T, full_hi, hi, score_scale, exp_scale, shift_scale, beta,
-                                           eps_cmp, LP, BLOCK_N, True,
-                                           CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
+    acc, l_i, m_i, seen_max, acc32, l32 = _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base,
+                                                     stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, 0, full_hi,
+                                                     score_scale, exp_scale, shift_scale, beta, eps_cmp, LP, BLOCK_N,
+                                                     False, CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
+    acc, l_i, m_i, seen_max, acc32, l32 = _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base,
+                                                     stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, full_hi, hi,
+                                                     score_scale, exp_scale, shift_scale, beta, eps_cmp, LP, BLOCK_N,
+                                                     True, CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
     if FIX == 2:
         l_div = l_i  # the published rule divides 0 by 0 when a row underflows (the authors clamp; we do not)
     else:

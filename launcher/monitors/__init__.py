@@ -5,8 +5,8 @@
 - every ``monitor.spectral_interval`` steps: spectral norms of every layer's W_Q, W_K, W_V, W_O, fc_in, fc_out and
   of each head's block of W_Q and W_K (power iteration with persistent vectors, see spectral.py);
 - every ``monitor.probe_interval`` steps, on the fixed probe batch: RMS and top singular value of each layer's
-  attention input X and attention output O; tie rate, maximum logit and entropy per layer and head
-  (attention_stats.py); the delta bias of ``monitor.delta_bias_layers`` (delta_bias.py).
+  attention input X and attention output O; tie rates (whole row; inside one tile of the run's numerics), maximum
+  logit and entropy per layer and head (attention_stats.py); the delta bias of ``monitor.delta_bias_layers`` (delta_bias.py).
 
 Both also run at step 1. Tag names come from tags.py. An interval of 0 disables that part; ``delta_bias_layers: []``
 disables the delta-bias monitor alone.
@@ -31,6 +31,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from kernels.modes import tie_tile_keys
 from launcher.fp8 import side_pass
 from launcher.monitors import tags
 from launcher.parallel.dims import ParallelDims
@@ -93,6 +94,8 @@ class Monitors:
         self.active = self.dims.dp_rank == 0 or zero3
         self.rounding, self.fix = att.rounding, att.fix
         self.beta, self.eps = att.beta, att.eps
+        # the tile in which a repeated maximum matters (attention.paper_block_keys: absent in configs before it)
+        self.tie_tile = tie_tile_keys(att.rounding, getattr(att, "paper_block_keys", None))
         # this rank's blocks by global layer index (a pipeline stage holds some of them)
         self.layers: dict[int, torch.nn.Module] = engine.blocks() if engine is not None else dict(enumerate(model.blocks))
         self.layer_ids = sorted(self.layers)
@@ -287,7 +290,7 @@ class Monitors:
             for i in ids:
                 cap = probe.layers[i]
                 s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
-                local.update({(i, stat): v for stat, v in head_stats(s, self.eps).items()})
+                local.update({(i, stat): v for stat, v in head_stats(s, self.eps, self.tie_tile).items()})
                 del s
             per_head = self._gather_heads(local)
             for n, i in enumerate(ids):

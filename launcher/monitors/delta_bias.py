@@ -22,21 +22,23 @@ from typing import Optional
 
 import torch
 
+from kernels.modes import mode_kwargs
 from launcher.monitors.attention_stats import kernel_inputs
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, backend: str,
                  rounding: str, fix: str, beta: float, eps: float, head_offset: int = 0,
-                 total_heads: int = 0) -> torch.Tensor:
+                 total_heads: int = 0, paper_block_keys: Optional[int] = None) -> torch.Tensor:
     """The attention output the run's backward multiplies dO with to form delta. ``head_offset``/``total_heads``: the
-    global index of q's first head and the model's head count (tensor parallelism), as the run's attention sees them."""
+    global index of q's first head and the model's head count (tensor parallelism), as the run's attention sees them.
+    ``paper_block_keys``: the paper tile size (None: the kernels' default)."""
     if backend == "sdpa":
         return o
     import kernels  # lazily: the sdpa path must not need kernels/ (Triton)
 
     return kernels.saved_output(kernel_inputs(q, backend), kernel_inputs(k, backend), kernel_inputs(v, backend),
-                                causal=True, rounding=rounding, fix=fix, beta=beta, eps=eps, backend=backend,
-                                head_offset=head_offset, total_heads=total_heads)
+                                causal=True, beta=beta, eps=eps, backend=backend, head_offset=head_offset,
+                                total_heads=total_heads, **mode_kwargs(rounding, fix, paper_block_keys))
 
 
 @torch.no_grad()

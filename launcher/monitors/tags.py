@@ -10,7 +10,8 @@ Families (see docs/monitoring.md for the meaning of each):
 
 - ``spectral/L01/wq``, ``spectral/L01/wq/h08``   spectral norms of weights (whole and per head for wq, wk)
 - ``act/L01/x_rms``, ``act/L01/x_sv``, ``act/L01/o_rms``, ``act/L01/o_sv``   probe-batch activations
-- ``attn/L01/tie_rate``, ``attn/L01/h08/tie_rate`` (also max_logit, entropy)   attention diagnostics
+- ``attn/L01/tie_rate``, ``attn/L01/h08/tie_rate`` (also tile_tie_rate, max_logit, entropy)   attention
+  diagnostics
 - ``delta_bias/L01/h08/sum``, ``delta_bias/L01/h08/cum``, ``delta_bias/L01/dwq_cos``   delta-bias monitor
 - ``monitor/spectral_s``, ``monitor/probe_s``, ``monitor/delta_bias_s``   seconds spent per monitor call
 """
@@ -32,7 +33,7 @@ WEIGHTS = {
 }
 PER_HEAD_WEIGHTS = ("wq", "wk")
 ACT_STATS = ("x_rms", "x_sv", "o_rms", "o_sv")
-ATTN_STATS = ("tie_rate", "max_logit", "entropy")
+ATTN_STATS = ("tie_rate", "tile_tie_rate", "max_logit", "entropy")
 DELTA_STATS = ("sum", "cum", "dwq_cos")
 
 # Tags written by the trainer (launcher/metrics.py); the comparison reads them too.

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu,
 
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
-from kernels.bias_probe import run_probe  # noqa: E402
+from kernels.bias_probe import Mode, run_probe  # noqa: E402
 from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads,  # noqa: E402
                                     head_slices, rel_err, tied_maxima_inputs)
 
@@ -127,12 +127,15 @@ def test_published_rule_failure_reproduced(rounding):
 
 
 def test_bias_probe_on_gpu(seed):
-    modes = [("paper", "none"), ("paper", "dynamic_max"), ("fa2", "none"), ("fa2", "dynamic_max")]
-    _, res = run_probe("triton", sequences=32, seed=seed, modes=modes)
-    assert -0.32 < res[("paper", "none")]["o_imb"][2] < -0.18, f"seed={seed}: {res[('paper', 'none')]}"
-    assert all(abs(x) < 0.05 for x in res[("fa2", "dynamic_max")]["o_imb"].values()), f"seed={seed}"
-    assert all(abs(x) < 0.13 for x in res[("paper", "dynamic_max")]["o_imb"].values()), f"seed={seed}"
-    assert all(r["nan_rows"] == 0 for r in res.values())
+    modes = [Mode("paper", "none"), Mode("paper", "dynamic_max"), Mode("fa2", "none"), Mode("fa2", "dynamic_max")]
+    _, by_case = run_probe("triton", sequences=32, seed=seed, modes=modes, cases=["tile", "sink"])
+    res, sink = by_case["tile"], by_case["sink"]
+    assert -0.32 < res["paper/none"]["o_imb"][2] < -0.18, f"seed={seed}: {res['paper/none']}"
+    assert all(abs(x) < 0.05 for x in res["fa2/dynamic_max"]["o_imb"].values()), f"seed={seed}"
+    assert all(abs(x) < 0.13 for x in res["paper/dynamic_max"]["o_imb"].values()), f"seed={seed}"
+    assert sink["fa2/none"]["o_imb"][2] > 0.15, f"seed={seed}: the fa2 midpoint bias of sink-like V: {sink}"
+    assert all(abs(sink["fa2/dynamic_max"]["o_imb"][t]) < 0.03 for t in (2, 3, 4)), f"seed={seed}: {sink}"
+    assert all(r["nan_rows"] == 0 and r["zero_rows"] == 0 for c in by_case.values() for r in c.values())
 
 
 @pytest.mark.parametrize("head_offset,total_heads", [(0, 0), (4, 12)], ids=["unsharded", "heads-4-7-of-12"])

@@ -11,8 +11,8 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.bias_probe import run_probe
-from kernels.modes import check_args
+from kernels.bias_probe import CASES, EXACT, Mode, build_inputs, run_probe
+from kernels.modes import check_args, mode_kwargs
 from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
 from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads, rel_err,
                                     tied_maxima_inputs)
@@ -286,22 +286,57 @@ def test_published_rule_underflows_to_nan(rounding):
 
 
 def test_bias_probe_reference(seed):
-    modes = [("paper", "none"), ("paper", "dynamic_max"), ("paper", "fp32_output"), ("fa2", "none"),
-             ("fa2", "dynamic_max")]
-    _, res = run_probe("reference", sequences=16, seed=seed, modes=modes)
-    paper_none = res[("paper", "none")]["o_imb"]
+    modes = [Mode("paper", "none"), Mode("paper", "dynamic_max"), Mode("paper", "fp32_output"), Mode("fa2", "none"),
+             Mode("fa2", "dynamic_max")]
+    _, by_case = run_probe("reference", sequences=16, seed=seed, modes=modes, cases=["tile"])
+    res = by_case["tile"]
+    paper_none = res["paper/none"]["o_imb"]
     assert -0.32 < paper_none[2] < -0.18, f"seed={seed}: paper/none k=2 should be near -1/4 ulp: {paper_none}"
     assert paper_none[3] < -0.08 and paper_none[4] < -0.06 and abs(paper_none[1]) < 0.05
-    assert res[("paper", "none")]["delta"][2] > 0.18, "the delta error must be positive where dO shares V's sign"
-    for rounding in ("fa2",):
-        for key in ("o_imb", "o_ctl", "delta"):
-            vals = res[(rounding, "dynamic_max")][key]
-            assert all(abs(x) < 0.05 for x in vals.values()), f"seed={seed} {rounding}/dynamic_max {key}: {vals}"
+    assert res["paper/none"]["delta"][2] > 0.18, "the delta error must be positive where dO shares V's sign"
+    for key in ("o_imb", "o_ctl", "delta"):
+        vals = res["fa2/dynamic_max"][key]
+        assert all(abs(x) < 0.05 for x in vals.values()), f"seed={seed} fa2/dynamic_max {key}: {vals}"
     for key in ("o_imb", "delta"):  # paper rounding: the tie bias is gone, a small opposite residual remains
-        vals = res[("paper", "dynamic_max")][key]
+        vals = res["paper/dynamic_max"][key]
         assert all(abs(x) < 0.13 for x in vals.values()), f"seed={seed} paper/dynamic_max {key}: {vals}"
-    assert all(abs(x) < 0.05 for x in res[("paper", "fp32_output")]["delta"].values())
-    assert all(r["nan_rows"] == 0 for r in res.values())
+    assert all(abs(x) < 0.05 for x in res["paper/fp32_output"]["delta"].values())
+    assert all(r["nan_rows"] == 0 and r["zero_rows"] == 0 for r in res.values())
+
+
+def test_fa2_tie_bias_across_tiles_and_its_fix(seed):
+    """Sink-like V, ties spread over 1024 keys: fa2/none rounds the even-k midpoints toward 0 like a correctly
+    rounded O (+1/4, +1/8 ulp at k = 2, 4); the safe fix, which also triggers on ties across tiles, removes it."""
+    modes = [Mode("fa2", "none"), Mode("fa2", "dynamic_max"), EXACT]
+    _, by_case = run_probe("reference", sequences=16, seed=seed, modes=modes, cases=["sink"])
+    res = by_case["sink"]
+    none, exact, fixed = (res[m]["o_imb"] for m in ("fa2/none", EXACT, "fa2/dynamic_max"))
+    assert 0.18 < none[2] < 0.3 and 0.08 < none[4] < 0.17 and abs(none[3]) < 0.03, f"seed={seed}: {none}"
+    assert all(abs(none[t] - exact[t]) < 0.01 for t in (2, 3, 4)), f"seed={seed}: fa2 is bf16(exact) here"
+    assert all(abs(fixed[t]) < 0.03 for t in (2, 3, 4)), f"seed={seed} fa2/dynamic_max: {fixed}"
+    assert all(abs(res["fa2/dynamic_max"]["delta"][t]) < 0.03 for t in (2, 3, 4)), f"seed={seed}"
+
+
+def test_probe_cases_place_ties_as_named(seed):
+    """Every row's maximum is attained exactly k times; inside one 64-key tile for tile/dominant, across tiles for
+    most rows of spread/sink."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, case in CASES.items():
+        q, k, _, _, row_ties = build_inputs(1, gen, case)
+        assert q.shape == (1, 1, case.seq, 64) and set(row_ties.unique().tolist()) == set(case.tie_counts)
+        scores = (q.float() @ k.float().transpose(-1, -2))[0, 0]
+        tied = scores == scores.amax(-1, keepdim=True)
+        assert torch.equal(tied.sum(-1), row_ties[0]), f"seed={seed} {name}"
+        tiles_hit = (tied.view(case.seq, -1, 64).any(-1)).sum(-1)
+        one_tile = (tiles_hit == 1)[row_ties[0] > 1]
+        assert one_tile.all() if not case.spread else one_tile.float().mean() < 0.5, f"seed={seed} {name}"
+
+
+def test_mode_kwargs_forwards_the_paper_tile_only_when_given():
+    assert mode_kwargs("paper", "none") == {"rounding": "paper", "fix": "none"}
+    assert mode_kwargs("paper", "none", 0) == {"rounding": "paper", "fix": "none", "paper_block_keys": 0}
+    assert Mode("paper", "dynamic_max", 0).label == "paper@row/dynamic_max"
+    assert Mode("paper", "none", 512).label == "paper@512/none" and Mode("fa2", "none").label == "fa2/none"
 
 
 @pytest.mark.parametrize("rounding", ["fa2", "paper"])

@@ -187,6 +187,22 @@ def test_tied_rows_match_reference(rounding, seed):
         assert (out != ref).float().mean() < 0.02 and rel_err(out, ref) < 1e-3, f"seed={seed} {fix}"
 
 
+def test_fa2_safe_fix_triggers_on_ties_across_tiles_like_the_reference(seed):
+    """One copy of each row's maximum key in each of three 64-key tiles (no tie inside a tile): fa2/dynamic_max
+    shifts those rows (LSE and O differ from none) exactly where the reference does."""
+    seq, dim = 192, 32
+    k = torch.randn(1, 1, seq, dim)
+    anchor = 2.0 * torch.randn(dim)
+    k[0, 0, [5, 70, 150]] = anchor
+    q = (1.5 * anchor + 0.3 * torch.randn(1, 1, seq, dim)).bfloat16()
+    k, v = k.bfloat16(), torch.randn(1, 1, seq, dim).bfloat16()
+    fixed = kernels.flash_attention(q, k, v, False, "fa2", "dynamic_max")
+    ref = kernels.reference_attention(q, k, v, False, "fa2", "dynamic_max", block_n=BLOCK_N)
+    none = kernels.flash_attention(q, k, v, False, "fa2", "none")
+    assert_matches_reference(fixed, ref, f"seed={seed}")
+    assert (fixed != none).any(-1).float().mean() > 0.2, f"seed={seed}: the cross-tile trigger did not shift"
+
+
 @pytest.mark.parametrize("head_dim", [32, 128])
 def test_head_dims_and_gqa(head_dim, seed):
     q = torch.randn(1, 4, 80, head_dim).bfloat16().requires_grad_()

@@ -9,7 +9,8 @@ import torch
 from launcher.config import Config
 from launcher.monitors import Monitors, tags
 from launcher.parallel.dims import ParallelDims
-from launcher.monitors.attention_stats import head_stats, layer_stats, scores
+from kernels.modes import tie_tile_keys
+from launcher.monitors.attention_stats import head_stats, layer_stats, scores, tie_band, tile_ties
 from launcher.monitors.spectral import SpectralTracker, power_iteration, top_singular_exact
 from model import GPT, GPTConfig, build_attention
 
@@ -121,10 +122,34 @@ def test_tie_rate_uses_the_runs_score_precision():
 
 
 def test_layer_stats_aggregate_heads():
-    per_head = {"tie_rate": torch.tensor([0.0, 0.5]), "max_logit": torch.tensor([3.0, 7.0]),
-                "entropy": torch.tensor([1.0, 2.0])}
+    per_head = {"tie_rate": torch.tensor([0.0, 0.5]), "tile_tie_rate": torch.tensor([0.0, 0.25]),
+                "max_logit": torch.tensor([3.0, 7.0]), "entropy": torch.tensor([1.0, 2.0])}
     agg = layer_stats(per_head)
     assert (agg["tie_rate"].item(), agg["max_logit"].item(), agg["entropy"].item()) == (0.25, 7.0, 1.5)
+    assert agg["tile_tie_rate"].item() == 0.125
+
+
+def test_tile_tie_rate_on_hand_built_rows():
+    """8 keys in tiles of 4: a tie inside one tile counts, one across tiles does not (but does for the whole row);
+    a gap of 1.5e-3 is outside eps = 1e-3 but inside the safe fix's band 2^-8."""
+    lo = -5.0
+    rows = torch.full((4, 8), lo)
+    rows[0, [1, 2]] = 3.0                 # exact tie inside tile 0
+    rows[1, [2, 5]] = 3.0                 # exact tie across tiles 0 and 1
+    rows[2, [4, 6]] = torch.tensor([3.0, 3.0 - 1.5e-3])  # inside tile 1, outside eps, inside the band
+    rows[3, [6, 7]] = torch.tensor([3.0, 3.0 - 0.01])  # inside tile 1, outside the band
+    s = rows.view(1, 1, 4, 8)
+    assert tile_ties(s, tie_band(1e-3), 4).view(-1).tolist() == [True, False, True, False]
+    assert tile_ties(s, tie_band(1e-3), 0).view(-1).tolist() == [True, True, True, False]
+    assert tile_ties(s, 1e-3, 4).view(-1).tolist() == [True, False, False, False]
+    stats = head_stats(s, eps=1e-3, tile=4)
+    assert stats["tie_rate"].item() == 0.5 and stats["tile_tie_rate"].item() == 0.5
+    assert tile_ties(s[..., :7], tie_band(1e-3), 4).view(-1).tolist() == [True, False, True, False]  # ragged
+
+
+def test_tie_tile_follows_the_runs_numerics():
+    assert tie_tile_keys("fa2") == 64 and tie_tile_keys("paper") == 64
+    assert tie_tile_keys("paper", 512) == 512 and tie_tile_keys("paper", 0) == 0 and tie_tile_keys("fa2", 512) == 64
 
 
 # ---------------------------------------------------------------------------------------------------------------
