@@ -22,21 +22,23 @@ from typing import Optional
 
 import torch
 
+from kernels.modes import PAPER_BLOCK_KEYS
 from launcher.monitors.attention_stats import kernel_inputs
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, backend: str,
                  rounding: str, fix: str, beta: float, eps: float, head_offset: int = 0,
-                 total_heads: int = 0) -> torch.Tensor:
+                 total_heads: int = 0, paper_block_keys: int = PAPER_BLOCK_KEYS) -> torch.Tensor:
     """The attention output the run's backward multiplies dO with to form delta. ``head_offset``/``total_heads``: the
-    global index of q's first head and the model's head count (tensor parallelism), as the run's attention sees them."""
+    global index of q's first head and the model's head count (tensor parallelism), as the run's attention sees them;
+    ``paper_block_keys``: the run's paper tile size."""
     if backend == "sdpa":
         return o
     import kernels  # lazily: the sdpa path must not need kernels/ (Triton)
 
     return kernels.saved_output(kernel_inputs(q, backend), kernel_inputs(k, backend), kernel_inputs(v, backend),
                                 causal=True, rounding=rounding, fix=fix, beta=beta, eps=eps, backend=backend,
-                                head_offset=head_offset, total_heads=total_heads)
+                                paper_block_keys=paper_block_keys, head_offset=head_offset, total_heads=total_heads)
 
 
 @torch.no_grad()
@@ -85,11 +87,11 @@ def cosine_from_parts(dot: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor)
 def layer_delta_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_out: torch.Tensor,
                      x: torch.Tensor, backend: str, rounding: str, fix: str, beta: float, eps: float,
                      previous_error: Optional[torch.Tensor] = None, head_offset: int = 0,
-                     total_heads: int = 0) -> dict[str, torch.Tensor]:
+                     total_heads: int = 0, paper_block_keys: int = PAPER_BLOCK_KEYS) -> dict[str, torch.Tensor]:
     """Delta-bias results of one layer: ``sum`` (H,) of delta_lp - delta_hp over batch and positions, the W_Q
     gradient ``error`` (H, hd, d) and, given the previous call's error, cosines ``dwq_cos`` (whole layer, scalar)
     and ``dwq_cos_head`` (H,) with their parts per head (``dot``, ``error_sq``, ``previous_sq``)."""
-    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads)
+    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     qi, ki, vi = (kernel_inputs(t, backend) for t in (q, k, v))
     o_exact, p = exact_attention(qi, ki, vi)
     diff = delta_difference(d_out, o_saved, o_exact)
