@@ -22,8 +22,9 @@ BACKENDS = ("reference", "triton")
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *, paper_block_keys: int = PAPER_BLOCK_KEYS,
-                    head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
+                    paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
+                    total_heads: int = 0) -> torch.Tensor:
     """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
 
     q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads

@@ -39,9 +39,10 @@ class Numerics:
     """Resolved mode and FP32 scalars of one attention call, identical for kernel and reference.
 
     The row maximum is taken in the "max domain": the natural score S = LP(LP(q.k) * scale) for rounding=paper (the
-    authors' autocast rounds the product, then the scaled scores), the raw FP32 q.k for rounding=fa2 (whose P_bar = exp2((q.k - m) * scale*log2(e)): subtracting before scaling
-    keeps the largest term exactly 1 for any logit, where a fused q.k*scale - m would leave the product's rounding
-    error, huge at huge logits, in the exponent).
+    authors' autocast rounds the product, then the scaled scores), the raw FP32 q.k for rounding=fa2 (whose
+    P_bar = exp2((q.k - m) * scale*log2(e)): subtracting before scaling keeps the largest term exactly 1 for any
+    logit, where a fused q.k*scale - m would leave the product's rounding error, huge at huge logits, in the
+    exponent).
     """
 
     paper: bool

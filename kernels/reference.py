@@ -19,7 +19,8 @@ Rounding points per mode (LP = input dtype, bf16 or fp16):
   O = LP(LP(O * alpha) + tile product); finally O = LP(O / l); LSE = m + log(l) in FP32.
 
 Fixes change the per-tile, per-row maximum m (see ``_tile_max``) or, for ``fp32_output``, what the backward uses
-for delta. The published rule also clamps each tile's row sum at ROW_SUM_FLOOR, as the authors' code does. The backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved).
+for delta; the published rule also clamps each tile's row sum at ROW_SUM_FLOOR, as the authors' code does. The
+backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved).
 """
 
 from __future__ import annotations

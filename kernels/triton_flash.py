@@ -11,6 +11,10 @@ before scaling keeps the largest term exactly 1 at any logit (a fused q.k*scale 
 product's rounding error in the exponent: harmless for ordinary logits, inf or 0 beyond ~1e9). It costs one multiply
 per score.
 
+In rounding=paper the forward walks paper tiles of PAPER_TILE keys (512 by default, 0 = the whole row), each in two
+passes over its BLOCK_N-key blocks: the tile's max (and the fixes' tie test), then P_bar with that max, the FP32 row
+sum and the FP32-accumulated P_bar V; the running O and l are rounded once per tile (``_fwd_paper_tiles``).
+
 Layout: q, k, v are (batch, heads, seq, head_dim), k/v may have fewer heads (grouped-query attention). The forward
 saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised O. The backward is three
 launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of its group, so no
@@ -825,8 +829,9 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *, paper_block_keys: int = PAPER_BLOCK_KEYS,
-                    head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
+                    paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
+                    total_heads: int = 0) -> torch.Tensor:
     """Triton flash attention; see ``kernels.flash_attention``.
 
     Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under

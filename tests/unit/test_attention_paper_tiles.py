@@ -95,7 +95,8 @@ def inputs_with_ties(seq: int, heads: int = 2, dim: int = 64):
     copied = torch.randperm(seq)[: seq // 3]
     k[:, :, copied] = anchors[:, :, torch.randint(4, (len(copied),))]
     strong = torch.randperm(seq)[: seq // 2]
-    q[:, :, strong] = 2 * anchors[:, :, torch.randint(4, (len(strong),))] + 0.3 * torch.randn(1, heads, len(strong), dim)
+    noise = 0.3 * torch.randn(1, heads, len(strong), dim)
+    q[:, :, strong] = 2 * anchors[:, :, torch.randint(4, (len(strong),))] + noise
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
