@@ -148,6 +148,16 @@ def test_paper_tiles_bit_for_bit_where_sums_are_exact(seq, tile, causal, seed):
     assert torch.equal(saved, kernels.saved_output(q, k, v, fix="fp32_output", **kw)), f"seed={seed}"
 
 
+def test_paper_tile_starting_inside_a_query_block(monkeypatch, seed):
+    """128-query blocks (as the GPU configurations use) with 64-key paper tiles: the causal diagonal block holds a
+    tile that the block's first 64 rows cannot see; it must leave them exactly as they were."""
+    monkeypatch.setitem(triton_flash.FIXED_FWD, "BLOCK_M", 128)
+    q, k, v = exact_arithmetic_inputs(300, True)
+    out = kernels.flash_attention(q, k, v, True, "paper", paper_block_keys=64)
+    ref = kernels.reference_attention(q, k, v, True, "paper", paper_block_keys=64)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"seed={seed}"
+
+
 @pytest.mark.parametrize("fix", ["none", "dynamic_max", "dynamic_max_published"])
 def test_paper_tiles_match_reference_with_ties(fix, seed):
     """Random inputs whose row maxima repeat, 128-key paper tiles over 64-key blocks: the tile max and the tie test
