@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.modes import FIXES, ROUNDINGS
+from kernels.modes import FIXES, PAPER_BLOCK_KEYS, ROUNDINGS
 from kernels.reference import reference_attention, reference_saved_output
 
 __all__ = ["ROUNDINGS", "FIXES", "flash_attention", "reference_attention", "saved_output"]
@@ -22,14 +22,17 @@ BACKENDS = ("reference", "triton")
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *, head_offset: int = 0,
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
+                    paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
                     total_heads: int = 0) -> torch.Tensor:
     """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
 
     q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
     (grouped-query attention). Returns O in the input dtype. ``rounding``: fa2 | paper; ``fix``: none |
-    dynamic_max (safe, default fix) | dynamic_max_published (the paper's rule, can underflow to NaN) |
-    fp32_output (delta from an FP32 O). ``beta`` and ``eps`` parametrise the published rule.
+    dynamic_max (safe, default fix) | dynamic_max_published (the paper's rule; where it underflows, the authors'
+    row-sum clamp zeroes the row) | fp32_output (delta from an FP32 O). ``beta`` and ``eps`` parametrise the
+    published rule. ``paper_block_keys``: keys per rounding tile of rounding=paper (512 as in the authors' code, 0:
+    the whole row as in the paper's analysis; a power of two >= 64 otherwise); ignored by rounding=fa2.
 
     ``head_offset``, ``total_heads`` (tensor parallelism): q's head h is the model's head ``head_offset + h`` of
     ``total_heads`` (0 means q.shape[1], no sharding). Head-dependent numerics (the safe fix's per-row shift) use
@@ -37,24 +40,24 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """
     from kernels import triton_flash
 
-    return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, head_offset=head_offset,
-                                        total_heads=total_heads)
+    return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
+                                        head_offset=head_offset, total_heads=total_heads)
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",
                  fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference",
-                 head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
+                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
     """The O tensor that the backward uses for delta = rowsum(dO * O) in this mode (forward only, no graph).
 
     LP O (input dtype; bf16 for FP32 inputs on the reference backend), or the FP32 O for fix=fp32_output.
-    ``head_offset`` and ``total_heads`` give q's heads their global index, as in ``flash_attention``.
+    ``paper_block_keys``, ``head_offset`` and ``total_heads`` as in ``flash_attention``.
     """
     if backend == "reference":
-        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps, head_offset=head_offset,
-                                      total_heads=total_heads)
+        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
+                                      head_offset=head_offset, total_heads=total_heads)
     if backend == "triton":
         from kernels import triton_flash
 
-        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, head_offset=head_offset,
-                                         total_heads=total_heads)
+        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
+                                         head_offset=head_offset, total_heads=total_heads)
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")

@@ -32,7 +32,6 @@ correct O once to nearest gets. On CUDA the table adds torch's SDPA flash and cu
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.modes import FIXES, KEY_TILE, ROUNDINGS, mode_kwargs
+from kernels.modes import FIXES, KEY_TILE, PAPER_BLOCK_KEYS, mode_kwargs, paper_block_keys_problem
 from kernels.rounding import bf16_ulp
 
 TIE_COUNTS = (1, 2, 3, 4)
@@ -93,13 +92,6 @@ class Mode:
 def default_modes(paper_block_keys=(None,)) -> list[Mode]:
     """Every fix in fa2 rounding (tile-size independent), every fix in paper rounding at each paper tile size."""
     return [Mode("fa2", f) for f in FIXES] + [Mode("paper", f, n) for n in paper_block_keys for f in FIXES]
-
-
-def kernels_take_paper_block_keys() -> bool:
-    """Whether this version of the kernels accepts ``paper_block_keys`` (the paper tile size)."""
-    import kernels
-
-    return "paper_block_keys" in inspect.signature(kernels.reference_attention).parameters
 
 
 def build_inputs(sequences: int, generator: torch.Generator, case: Case = CASES["tile"]):
@@ -263,7 +255,7 @@ def main(argv=None) -> int:
                         help="constructions to measure (default: all)")
     parser.add_argument("--paper-block-keys", nargs="+", type=int, default=None, metavar="N",
                         help="paper tile sizes to measure rounding=paper at (keys; 0 = the whole row; default: "
-                             "the kernels' own)")
+                             f"{PAPER_BLOCK_KEYS} (the authors' code) and 0 (the paper's analysis))")
     parser.add_argument("--out", default=None, help="also write the markdown tables to this file")
     parser.add_argument("--sequences", type=int, default=32, help="sequences of 256 query rows per case (cases "
                         "with 1024 keys use a quarter as many: the same rows); default 32, ~1-2 min on 2 CPU cores")
@@ -273,13 +265,11 @@ def main(argv=None) -> int:
         parser.error(f"--backend must be reference or triton, not {args.backend!r}")
     if args.sequences < 1:
         parser.error("--sequences must be >= 1")
-    tiles = (None,)
+    tiles = (PAPER_BLOCK_KEYS, 0)
     if args.paper_block_keys is not None:
-        if not kernels_take_paper_block_keys():
-            parser.error("--paper-block-keys: these kernels have no paper tile size yet (they round rounding=paper "
-                         f"at every {KEY_TILE}-key block); leave the option out")
-        if any(n < 0 for n in args.paper_block_keys):
-            parser.error("--paper-block-keys: sizes must be >= 0 (0 = the whole row)")
+        for n in args.paper_block_keys:
+            if problem := paper_block_keys_problem(n):
+                parser.error(f"--paper-block-keys: {problem}")
         tiles = tuple(args.paper_block_keys)
     if args.out:
         parent = os.path.dirname(os.path.abspath(args.out))

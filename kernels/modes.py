@@ -13,6 +13,12 @@ ROUNDINGS = ("fa2", "paper")
 FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
 HEAD_DIMS = (16, 32, 64, 128)  # head sizes the kernel (and its reference) supports
 
+# rounding=paper rounds the running O and l to LP once per tile of this many keys (the authors' code: 512);
+# 0 puts the whole row in one tile (the paper's analysis). Ignored by rounding=fa2.
+PAPER_BLOCK_KEYS = 512
+# The authors' code clamps every tile's row sum at this floor; the published rule needs it (see _tile_max).
+ROW_SUM_FLOOR = 1e-10
+
 # Integer codes of the fixes inside the kernel (constexpr) and the reference.
 FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT = range(4)
 FIX_CODE = dict(zip(FIXES, range(4)))
@@ -41,12 +47,11 @@ def mode_kwargs(rounding: str, fix: str, paper_block_keys: int | None = None) ->
 def tie_tile_keys(rounding: str, paper_block_keys: int | None = None) -> int:
     """Keys per tile in which a repeated maximum matters for the run's numerics (0 = the whole row).
 
-    paper: the paper tile (``paper_block_keys``, KEY_TILE where the kernels predate it): two maxima in different
-    tiles meet as exact bf16 partial sums and do not bias. fa2: KEY_TILE, where the safe fix counts ties inside a tile
-    (ties across tiles bias fa2 too, and its safe fix catches them against the running maximum; the whole-row tie
-    rate measures those)."""
-    if rounding == "paper" and paper_block_keys is not None:
-        return paper_block_keys
+    paper: the paper tile (``paper_block_keys``; None: PAPER_BLOCK_KEYS): two maxima in different tiles meet as exact
+    bf16 partial sums and do not bias. fa2: KEY_TILE, where the safe fix counts ties inside a tile (ties across tiles
+    bias fa2 too, and its safe fix catches them against the running maximum; the whole-row tie rate measures those)."""
+    if rounding == "paper":
+        return PAPER_BLOCK_KEYS if paper_block_keys is None else paper_block_keys
     return KEY_TILE
 
 
@@ -59,10 +64,11 @@ def _fp32(x: float) -> float:
 class Numerics:
     """Resolved mode and FP32 scalars of one attention call, identical for kernel and reference.
 
-    The row maximum is taken in the "max domain": the LP-rounded natural score S = LP(q.k * scale) for rounding=paper,
-    the raw FP32 q.k for rounding=fa2 (whose P_bar = exp2((q.k - m) * scale*log2(e)): subtracting before scaling
-    keeps the largest term exactly 1 for any logit, where a fused q.k*scale - m would leave the product's rounding
-    error, huge at huge logits, in the exponent).
+    The row maximum is taken in the "max domain": the natural score S = LP(LP(q.k) * scale) for rounding=paper (the
+    authors' autocast rounds the product, then the scaled scores), the raw FP32 q.k for rounding=fa2 (whose
+    P_bar = exp2((q.k - m) * scale*log2(e)): subtracting before scaling keeps the largest term exactly 1 for any
+    logit, where a fused q.k*scale - m would leave the product's rounding error, huge at huge logits, in the
+    exponent).
     """
 
     paper: bool
@@ -73,14 +79,25 @@ class Numerics:
     shift_scale: float  # safe-shift delta (nats for paper, bits for fa2) -> max domain: 1 (paper), 1/exp_scale (fa2)
     beta: float
     eps_cmp: float  # tie tolerance in the max domain (widened for dynamic_max)
+    paper_tile: int  # keys per rounding tile of rounding=paper (0: the whole row); 0 for rounding=fa2
 
     @property
     def keeps_fp32_output(self) -> bool:
         return self.fix == FIX_FP32_OUTPUT
 
 
+def paper_block_keys_problem(paper_block_keys) -> str | None:
+    """Why ``paper_block_keys`` is not a valid paper tile size (None if it is)."""
+    n = paper_block_keys
+    if isinstance(n, bool) or not isinstance(n, int) or (n != 0 and (n < 64 or n & (n - 1))):
+        return (f"paper_block_keys={n!r} must be 0 (the whole row in one tile, as in the paper's analysis) or a power "
+                f"of two >= 64 (the authors' code uses {PAPER_BLOCK_KEYS})")
+    return None
+
+
 @functools.lru_cache(maxsize=256)
-def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype) -> Numerics:
+def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype,
+              paper_block_keys: int) -> Numerics:
     paper = rounding == "paper"
     sm_scale = _fp32(head_dim**-0.5)
     if fix == "dynamic_max":
@@ -95,6 +112,7 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
         shift_scale=1.0 if paper else _fp32(1.0 / exp_scale),
         beta=_fp32(beta),
         eps_cmp=_fp32(eps if paper else eps / sm_scale),
+        paper_tile=paper_block_keys if paper else 0,
     )
 
 
@@ -124,9 +142,10 @@ def check_heads(heads: int, head_offset: int = 0, total_heads: int = 0) -> int:
 
 
 def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str, fix: str, beta: float, eps: float,
-               allowed_dtypes: tuple[torch.dtype, ...], head_offset: int = 0, total_heads: int = 0) -> Numerics:
-    """Validate shapes, dtypes, mode names and the global head numbering (``check_heads``); return the FP32
-    scalars of the mode. Errors say what to change."""
+               allowed_dtypes: tuple[torch.dtype, ...], head_offset: int = 0, total_heads: int = 0,
+               paper_block_keys: int = PAPER_BLOCK_KEYS) -> Numerics:
+    """Validate shapes, dtypes, mode names, the paper tile size and the global head numbering (``check_heads``);
+    return the FP32 scalars of the mode. Errors say what to change."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
     if fix not in FIXES:
@@ -152,5 +171,8 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
         raise ValueError(f"beta={beta} must be > 1 (the published rule shifts a repeated maximum to beta x max)")
     if not (eps >= 0.0):
         raise ValueError(f"eps={eps} must be >= 0")
+    problem = paper_block_keys_problem(paper_block_keys)
+    if problem:
+        raise ValueError(problem)
     check_heads(h, head_offset, total_heads)
-    return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype)
+    return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype, paper_block_keys)

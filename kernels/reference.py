@@ -1,8 +1,11 @@
 """Pure-PyTorch flash attention with the kernel's tiling and rounding points: the ground truth for rounding on CPU.
 
-The forward walks the key/value tiles in the kernel's order (block_n keys at a time, an online softmax per query
-row) with every query row at once: rows are independent, so the query tiling of the kernel (block_m) does not change
-a single bit of the forward, and a tile that the kernel skips (above the causal diagonal) is an exact no-op here.
+The forward walks the key/value tiles in the kernel's order (an online softmax per query row) with every query row
+at once: rows are independent, so the query tiling of the kernel (block_m) does not change a single bit of the
+forward, and a tile without a valid key for a row (above the causal diagonal) is an exact no-op for that row. The
+tiles are the rounding tiles of the mode: ``block_n`` keys (the kernel's key block) for fa2, ``paper_block_keys``
+keys (512 as in the authors' code, or the whole row) for paper, whose kernel loops over smaller key blocks inside a
+tile but rounds only at the tile's end.
 All matrix products run in FP32 on LP-valued operands (the products are exact, like a tensor-core MMA); every
 rounding to the LP dtype is explicit (``kernels.rounding.round_lp``).
 
@@ -10,19 +13,21 @@ Rounding points per mode (LP = input dtype, bf16 or fp16):
 
 * ``fa2``: S = q.k in FP32 (the maximum is taken on it); P_bar = exp2((S - m) * scale*log2(e)) in FP32, rounded to LP
   for the P_bar V product; FP32 running O and row sum l; one final rounding of O = O_acc / l.
-* ``paper`` (the authors' code under BF16 autocast): S = LP(q.k * scale); m from LP scores; P_bar =
-  exp(LP(S - m)) in FP32; the tile product LP(LP(P_bar) V); running O = LP(LP(O * alpha) + tile product);
-  l = LP(alpha * l + rowsum(P_bar)); O = LP(O / l); LSE = m + log(l) in FP32.
+* ``paper`` (the authors' code under BF16 autocast), per tile of ``paper_block_keys`` keys: S = LP(LP(q.k) * scale);
+  the tile max m from LP scores; P_bar = exp(LP(S - m)) in FP32; the tile product LP(LP(P_bar) V) (FP32 accumulate);
+  alpha = exp(LP(m_old - m)); l = LP(alpha * l + rowsum(P_bar)) with the row sum in FP32; running
+  O = LP(LP(O * alpha) + tile product); finally O = LP(O / l); LSE = m + log(l) in FP32.
 
 Fixes change the per-tile, per-row maximum m (see ``_tile_max``) or, for ``fp32_output``, what the backward uses
-for delta. The backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved).
+for delta; the published rule also clamps each tile's row sum at ROW_SUM_FLOOR, as the authors' code does. The
+backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.modes import FIX_PUBLISHED, FIX_SAFE, Numerics, check_args, check_heads
+from kernels.modes import FIX_PUBLISHED, FIX_SAFE, PAPER_BLOCK_KEYS, ROW_SUM_FLOOR, Numerics, check_args, check_heads
 from kernels.rounding import LN2, LOG2E, round_lp, safe_shift
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -59,6 +64,17 @@ def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.
         return torch.where(tied & (r_m < 0), torch.zeros_like(r_m), m)
 
 
+def _clamped_row_sum(p: torch.Tensor, r_m: torch.Tensor, nm: Numerics) -> torch.Tensor:
+    """FP32 row sum of a tile's P_bar; the published rule clamps it at ROW_SUM_FLOOR like the authors' code, so a row
+    whose every P_bar underflows ends with O = 0 instead of 0/0. Rows without a valid key in the tile (r_m = -inf)
+    keep 0: the tile stays a no-op for them. (Under the other fixes a clamp could not change a bit: a tile's row sum
+    is either >= 0.6, holding the running maximum's term, or added to an l >= 0.6.)"""
+    row_sum = p.sum(-1)
+    if nm.fix != FIX_PUBLISHED:
+        return row_sum
+    return torch.where(r_m > float("-inf"), row_sum.clamp_min(ROW_SUM_FLOOR), row_sum)
+
+
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     """Repeat grouped k/v heads so that every q head has its own (GQA: q head h uses k/v head h // group)."""
     return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
@@ -67,7 +83,8 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 @torch.no_grad()
 def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, nm: Numerics, block_n: int,
                  kv_len: int | None = None, *, head_offset: int = 0, total_heads: int = 0):
-    """Tiled forward on LP tensors (k, v already expanded to q's heads).
+    """Tiled forward on LP tensors (k, v already expanded to q's heads); tiles of ``block_n`` keys for rounding=fa2,
+    of ``nm.paper_tile`` keys (0: the whole row) for rounding=paper.
 
     q's head h is the model's head ``head_offset + h`` of ``total_heads`` (0: q.shape[1]); the safe fix's hash uses
     that global index, so a slice of the heads gives the same bits as the whole (tensor parallelism).
@@ -75,8 +92,8 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output only) is the
     normalised output without its final rounding; for rounding=paper it is a shadow FP32 accumulation of the same
     per-tile products (before their rounding) with FP32 row sums. ``kv_len`` (testing only) masks keys >= kv_len.
-    Fully masked rows give O = 0 and LSE = -inf, except under the published rule, which divides 0 by 0 like the
-    authors' formula without their clamp.
+    Fully masked rows give O = 0 and LSE = -inf. A row whose every P_bar underflows (the published rule at a large
+    repeated maximum) has l = ROW_SUM_FLOOR from the clamp and O = 0, as in the authors' code.
     """
     lp = q.dtype
     bsz, heads, seq, dim = q.shape
@@ -94,12 +111,11 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     if shadow:
         acc32, l32 = torch.zeros_like(acc), torch.zeros_like(l_i)
     limit = seq if kv_len is None else kv_len
-    for n0 in range(0, seq, block_n):
-        n1 = min(n0 + block_n, seq)
+    tile = (nm.paper_tile or seq) if nm.paper else block_n
+    for n0 in range(0, seq, tile):
+        n1 = min(n0 + tile, seq)
         qk = qf @ kf[:, :, n0:n1].transpose(-1, -2)
-        s = qk * nm.score_scale
-        if nm.paper:
-            s = round_lp(s, lp)
+        s = round_lp(round_lp(qk, lp) * nm.score_scale, lp) if nm.paper else qk
         cols = torch.arange(n0, n1, device=dev).view(1, 1, 1, -1)
         valid = cols < limit
         if causal:
@@ -113,7 +129,7 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         if nm.paper:
             p = torch.exp2(round_lp(s - m_use.unsqueeze(-1), lp) * LOG2E)
             alpha = torch.exp2(round_lp(m_i - m_use, lp) * LOG2E)
-            row_sum = p.sum(-1)
+            row_sum = _clamped_row_sum(p, r_m, nm)
             pv = round_lp(p, lp) @ vt
             l_i = round_lp(alpha * l_i + row_sum, lp)
             acc = round_lp(round_lp(acc * alpha.unsqueeze(-1), lp) + round_lp(pv, lp), lp)
@@ -123,13 +139,10 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         else:
             p = torch.exp2((s - m_use.unsqueeze(-1)) * nm.exp_scale)
             alpha = torch.exp2((m_i - m_use) * nm.exp_scale)
-            l_i = l_i * alpha + p.sum(-1)
+            l_i = l_i * alpha + _clamped_row_sum(p, r_m, nm)
             acc = acc * alpha.unsqueeze(-1) + round_lp(p, lp) @ vt
         m_i = m_new
-    if nm.fix != FIX_PUBLISHED:
-        l_div = torch.where(l_i == 0, torch.ones_like(l_i), l_i)
-    else:
-        l_div = l_i
+    l_div = torch.where(l_i == 0, torch.ones_like(l_i), l_i)  # fully masked rows only: O = 0
     o32 = acc / l_div.unsqueeze(-1)
     out = round_lp(o32, lp).to(lp)
     if nm.paper:
@@ -148,7 +161,8 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
                   d_out: torch.Tensor, causal: bool, nm: Numerics, block_n: int):
     """Flash backward on LP tensors (k, v expanded to q's heads): returns FP32 dq, dk, dv.
 
-    P = exp(S - LSE) is recomputed per key tile (S rounded to LP first for rounding=paper, as in the forward);
+    P = exp(S - LSE) is recomputed per key tile (S = LP(LP(q.k) * scale) for rounding=paper, as in the forward; the
+    paper tile size changes no bit of the backward);
     delta = rowsum(dO * O_saved) in FP32; dS = P * (dP - delta) with dP = dO V^T; P and dS are rounded to LP
     as MMA operands: dV = LP(P)^T dO, dQ = scale * LP(dS) K, dK = scale * LP(dS)^T Q.
     """
@@ -166,7 +180,7 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
         kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]
         qk = qf @ kt.transpose(-1, -2)
         if nm.paper:
-            p = torch.exp2((round_lp(qk * nm.sm_scale, lp) - lse_s) * LOG2E)
+            p = torch.exp2((round_lp(round_lp(qk, lp) * nm.sm_scale, lp) - lse_s) * LOG2E)
         else:
             p = torch.exp2(qk * nm.exp_scale - lse_s)
         if causal:
@@ -180,9 +194,9 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     return dq * nm.sm_scale, dk * nm.sm_scale, dv
 
 
-def _prepare(q, k, v, rounding, fix, beta, eps, head_offset=0, total_heads=0):
+def _prepare(q, k, v, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS):
     """Check arguments; FP32 inputs are rounded to bf16 (emulating BF16 autocast). Returns (q, k, v, Numerics)."""
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES, head_offset, total_heads)
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES, head_offset, total_heads, paper_block_keys)
     if q.dtype == torch.float32:
         q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     return q, k, v, nm
@@ -203,10 +217,10 @@ class _ReferenceAttention(torch.autograd.Function):
     """Autograd wrapper: the forward saves LSE and the O that delta uses; the backward is the flash backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset=0, total_heads=0):
+    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads, paper_block_keys):
         in_dtype = q.dtype
         heads = q.shape[1]
-        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
         with _no_autocast(q):
             out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
                                          head_offset=head_offset, total_heads=total_heads)
@@ -226,31 +240,35 @@ class _ReferenceAttention(torch.autograd.Function):
             bsz, _, seq, dim = dk.shape
             dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
             dv = dv.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
-        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), None, None, None, None, None, None, None, None
+        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), *([None] * 9)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                         rounding: str = "fa2", fix: str = "none", beta: float = 2.0, eps: float = 1e-3,
-                        block_m: int = 64, block_n: int = 64, *, head_offset: int = 0,
-                        total_heads: int = 0) -> torch.Tensor:
+                        block_m: int = 64, block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS,
+                        head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
     """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable.
 
     q, k, v: (batch, heads, seq, head_dim) in bf16, fp16 or fp32; k/v may have fewer heads (grouped-query).
     FP32 inputs are first rounded to bf16 (what BF16 autocast feeds attention) and O comes back in FP32 (its values
     are bf16-representable); this is the path the model trains with on CPU. ``block_n`` must equal the kernel's key
-    tile for bit-level comparisons; ``block_m`` is accepted for symmetry with the kernel and changes no bit.
+    tile for bit-level comparisons in rounding=fa2; ``block_m`` is accepted for symmetry with the kernel and changes
+    no bit. ``paper_block_keys``: keys per rounding tile of rounding=paper (512 as in the authors' code; 0: the whole
+    row), the same in kernel and reference; ignored by rounding=fa2.
     ``head_offset``, ``total_heads``: q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]),
     for tensor parallelism; the safe fix hashes the global index, so a head slice matches the whole call bit for bit.
     """
     _check_blocks(block_m, block_n)
-    return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads)
+    return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads,
+                                     paper_block_keys)
 
 
 def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3,
-                           block_n: int = 64, *, head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
+                           block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
+                           total_heads: int = 0) -> torch.Tensor:
     """The O that the reference backward uses for delta (LP O, or the FP32 O for fix=fp32_output)."""
     heads = q.shape[1]
-    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     with _no_autocast(q):
         out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
                                    head_offset=head_offset, total_heads=total_heads)

@@ -11,6 +11,10 @@ before scaling keeps the largest term exactly 1 at any logit (a fused q.k*scale 
 product's rounding error in the exponent: harmless for ordinary logits, inf or 0 beyond ~1e9). It costs one multiply
 per score.
 
+In rounding=paper the forward walks paper tiles of PAPER_TILE keys (512 by default, 0 = the whole row), each in two
+passes over its BLOCK_N-key blocks: the tile's max (and the fixes' tie test), then P_bar with that max, the FP32 row
+sum and the FP32-accumulated P_bar V; the running O and l are rounded once per tile (``_fwd_paper_tiles``).
+
 Layout: q, k, v are (batch, heads, seq, head_dim), k/v may have fewer heads (grouped-query attention). The forward
 saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised O. The backward is three
 launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of its group, so no
@@ -25,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.modes import Numerics, check_args
+from kernels.modes import PAPER_BLOCK_KEYS, Numerics, check_args
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -113,20 +117,13 @@ def _safe_shift(r_m, rows, bh):
 
 
 @triton.jit
-def _tile_max(s, r_m, seen_max, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.constexpr, FIX: tl.constexpr,
-              IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
-    """Maximum that score tile s contributes to the online softmax, per row (see reference._tile_max).
-
-    ``seen_max``: raw row maximum of the earlier tiles (fa2's cross-tile trigger of the safe fix)."""
+def _fix_max(r_m, tied, rows, bh, beta, shift_scale, PAPER: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr,
+             EXPLICIT: tl.constexpr):
+    """Maximum that a score tile contributes to the online softmax, per row, given its row max r_m and whether it
+    is attained more than once (within eps; see reference._tile_max)."""
     if FIX == 1:  # dynamic_max (safe): bounded, per-row varying shift of a repeated maximum
-        r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
-        tied = r_s > 1
-        if not PAPER:  # fa2: a maximum repeated in an earlier tile meets the same midpoint at the final cast
-            tied = tied | (tl.abs(r_m - seen_max) <= eps_cmp)
         m = tl.where(tied, r_m + _safe_shift(r_m, rows, bh) * shift_scale, r_m)
     elif FIX == 2:  # dynamic_max_published
-        r_s = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1)
-        tied = r_s > 1
         scaled = r_m * beta
         if PAPER:
             scaled = _round_lp(scaled, IS_BF16, EXPLICIT)
@@ -137,17 +134,25 @@ def _tile_max(s, r_m, seen_max, rows, bh, beta, eps_cmp, shift_scale, PAPER: tl.
     return m
 
 
+@triton.jit
+def _clamped_row_sum(row_sum, r_m, FIX: tl.constexpr):
+    """The published rule clamps a tile's row sum at 1e-10 like the authors' code (a row whose every P_bar
+    underflows ends with O = 0, not 0/0); rows without a valid key in the tile (r_m = -inf) keep 0 (a no-op)."""
+    if FIX == 2:
+        row_sum = tl.where(r_m > float("-inf"), tl.maximum(row_sum, 1e-10), row_sum)
+    return row_sum
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash,
-               T, lo, hi, score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, FIX: tl.constexpr,
-               IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
-    """Online softmax over key tiles [lo, hi): MASKED adds the causal and ragged-tail masks.
+def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, lo, hi,
+               exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """rounding=fa2: online softmax over key tiles [lo, hi); MASKED adds the causal and ragged-tail masks.
 
     ``bh_hash``: the global (batch, head) index that the safe fix hashes (never used to address memory);
     ``seen_max``: the raw row maximum of the tiles before (kept only for fa2's safe fix)."""
@@ -161,42 +166,143 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base, stride_kt
         else:
             kt = tl.load(kt_ptrs)
         s = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT)
-        if PAPER:
-            s = _round_lp(s * score_scale, IS_BF16, EXPLICIT)
         if MASKED:
             valid = cols[None, :] < T
             if CAUSAL:
                 valid = valid & (offs_m[:, None] >= cols[None, :])
             s = tl.where(valid, s, float("-inf"))
         r_m = tl.max(s, 1)
-        m_new = tl.maximum(m_i, _tile_max(s, r_m, seen_max, offs_m, bh_hash, beta, eps_cmp, shift_scale, PAPER, FIX,
-                                          IS_BF16, EXPLICIT))
-        if FIX == 1 and not PAPER:
-            seen_max = tl.maximum(seen_max, r_m)
+        if FIX == 1 or FIX == 2:
+            tied = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1) > 1
+            if FIX == 1:  # safe fix: a maximum repeated in an earlier tile meets the same midpoint at the final cast
+                tied = tied | (tl.abs(r_m - seen_max) <= eps_cmp)
+                seen_max = tl.maximum(seen_max, r_m)
+            m_new = tl.maximum(m_i, _fix_max(r_m, tied, offs_m, bh_hash, beta, shift_scale, False, FIX, IS_BF16,
+                                             EXPLICIT))
+        else:
+            m_new = tl.maximum(m_i, r_m)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if MASKED:
             v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
         else:
             v = tl.load(v_ptrs)
         v = _loaded_operand(v, EXPLICIT)
-        if PAPER:
-            p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * exp_scale)
-            alpha = tl.exp2(_round_lp(m_i - m_use, IS_BF16, EXPLICIT) * exp_scale)
-            row_sum = tl.sum(p, 1)
-            pv = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, None, EXPLICIT)
-            l_i = _round_lp(alpha * l_i + row_sum, IS_BF16, EXPLICIT)
-            acc = _round_lp(_round_lp(acc * alpha[:, None], IS_BF16, EXPLICIT) + _round_lp(pv, IS_BF16, EXPLICIT),
-                            IS_BF16, EXPLICIT)
-            if SHADOW:
-                acc32 = acc32 * alpha[:, None] + pv
-                l32 = l32 * alpha + row_sum
-        else:
-            p = tl.exp2((s - m_use[:, None]) * exp_scale)  # subtract first: the maximum's term is exactly 1
-            alpha = tl.exp2((m_i - m_use) * exp_scale)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, acc * alpha[:, None], EXPLICIT)
+        p = tl.exp2((s - m_use[:, None]) * exp_scale)  # subtract first: the maximum's term is exactly 1
+        alpha = tl.exp2((m_i - m_use) * exp_scale)
+        l_i = l_i * alpha + _clamped_row_sum(tl.sum(p, 1), r_m, FIX)
+        acc = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), v, acc * alpha[:, None], EXPLICIT)
         m_i = m_new
-    return acc, l_i, m_i, seen_max, acc32, l32
+    return acc, l_i, m_i, seen_max
+
+
+@triton.jit
+def _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """S = LP(LP(q.k) * scale) of the key block at start_n (the authors' autocast rounds the product, then the
+    scaled scores); masked entries -inf."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    kt_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
+    if MASKED:
+        kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
+    else:
+        kt = tl.load(kt_ptrs)
+    qk = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT)
+    s = _round_lp(_round_lp(qk, IS_BF16, EXPLICIT) * score_scale, IS_BF16, EXPLICIT)
+    if MASKED:
+        valid = cols[None, :] < T
+        if CAUSAL:
+            valid = valid & (offs_m[:, None] >= cols[None, :])
+        s = tl.where(valid, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, lo, hi, score_scale, BLOCK_N: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TIES: tl.constexpr, IS_BF16: tl.constexpr,
+                    EXPLICIT: tl.constexpr):
+    """Pass 1 over the key blocks [lo, hi) of a paper tile: the row max top1 and (TIES) the second largest score
+    top2, counted with multiplicity. "r_m attained more than once within eps" is r_m - top2 <= eps: the same rows
+    as the reference's tie count, without a second pass that needs r_m first."""
+    for start_n in range(lo, hi, BLOCK_N):
+        s = _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N, MASKED, CAUSAL,
+                          IS_BF16, EXPLICIT)
+        block_max = tl.max(s, 1)
+        if TIES:
+            at_max = s == block_max[:, None]
+            repeated = tl.sum(at_max.to(tl.int32), 1) > 1
+            block_second = tl.where(repeated, block_max, tl.max(tl.where(at_max, float("-inf"), s), 1))
+            top2 = tl.maximum(tl.maximum(top2, block_second), tl.minimum(top1, block_max))
+        top1 = tl.maximum(top1, block_max)
+    return top1, top2
+
+
+@triton.jit
+def _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, T, lo, hi, m_use,
+                     score_scale, exp_scale, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                     CAUSAL: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Pass 2 over the key blocks [lo, hi) of a paper tile: P_bar = exp(LP(S - m)) with the tile's m; the FP32
+    row sum and the FP32-accumulated product LP(P_bar) V (rounded once, at the tile's end, by the caller)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        s = _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N, MASKED, CAUSAL,
+                          IS_BF16, EXPLICIT)
+        p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * exp_scale)
+        row_sum += tl.sum(p, 1)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        pv = _mma(_lp_operand(p, LP, IS_BF16, EXPLICIT), _loaded_operand(v, EXPLICIT), pv, EXPLICIT)
+    return pv, row_sum
+
+
+@triton.jit
+def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T,
+                     full_hi, hi, score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAPER_TILE: tl.constexpr,
+                     CAUSAL: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr,
+                     SHADOW: tl.constexpr):
+    """rounding=paper: the online softmax over tiles of PAPER_TILE keys (0: the whole row [0, hi)), rounding the
+    running O and l once per tile. Each tile takes two passes over its BLOCK_N-key blocks: the tile's max (and tie
+    test), then P_bar with that max. Blocks below full_hi need no mask. A tile without a valid key for a row (above
+    the causal diagonal) leaves that row exactly as it was: alpha = 1, P_bar = 0, no clamp."""
+    TIES: tl.constexpr = FIX == 1 or FIX == 2
+    if PAPER_TILE == 0:
+        tile_keys = hi
+    else:
+        tile_keys = PAPER_TILE
+    for t0 in range(0, hi, tile_keys):
+        t1 = tl.minimum(t0 + tile_keys, hi)
+        split = tl.minimum(tl.maximum(full_hi, t0), t1)  # [t0, split) unmasked, [split, t1) masked
+        top1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        top2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        top1, top2 = _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, t0, split, score_scale,
+                                     BLOCK_N, False, CAUSAL, TIES, IS_BF16, EXPLICIT)
+        top1, top2 = _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, split, t1, score_scale,
+                                     BLOCK_N, True, CAUSAL, TIES, IS_BF16, EXPLICIT)
+        tied = (top1 - top2) <= eps_cmp
+        m_new = tl.maximum(m_i, _fix_max(top1, tied, offs_m, bh_hash, beta, shift_scale, True, FIX, IS_BF16,
+                                         EXPLICIT))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+        pv, row_sum = _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, T, t0,
+                                       split, m_use, score_scale, exp_scale, LP, BLOCK_N, False, CAUSAL, IS_BF16,
+                                       EXPLICIT)
+        pv, row_sum = _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, T, split,
+                                       t1, m_use, score_scale, exp_scale, LP, BLOCK_N, True, CAUSAL, IS_BF16,
+                                       EXPLICIT)
+        row_sum = _clamped_row_sum(row_sum, top1, FIX)
+        alpha = tl.exp2(_round_lp(m_i - m_use, IS_BF16, EXPLICIT) * exp_scale)
+        l_i = _round_lp(alpha * l_i + row_sum, IS_BF16, EXPLICIT)
+        acc = _round_lp(_round_lp(acc * alpha[:, None], IS_BF16, EXPLICIT) + _round_lp(pv, IS_BF16, EXPLICIT),
+                        IS_BF16, EXPLICIT)
+        if SHADOW:
+            acc32 = acc32 * alpha[:, None] + pv
+            l32 = l32 * alpha + row_sum
+        m_i = m_new
+    return acc, l_i, m_i, acc32, l32
 
 
 @triton.jit
@@ -204,7 +310,7 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
                 stride_vh, stride_vt, H, GROUP, T, head_offset, total_heads, score_scale, exp_scale, shift_scale,
                 beta, eps_cmp, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
-                FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+                PAPER_TILE: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     LP: tl.constexpr = O.dtype.element_ty
     SHADOW: tl.constexpr = PAPER and FIX == 3
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest causal tiles first
@@ -238,18 +344,19 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
     else:
         full_hi = (T // BLOCK_N) * BLOCK_N
         hi = T
-    acc, l_i, m_i, seen_max, acc32, l32 = _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base,
-                                                     stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, 0, full_hi,
-                                                     score_scale, exp_scale, shift_scale, beta, eps_cmp, LP, BLOCK_N,
-                                                     False, CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
-    acc, l_i, m_i, seen_max, acc32, l32 = _fwd_tiles(acc, l_i, m_i, seen_max, acc32, l32, q, k_base, v_base,
-                                                     stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, full_hi, hi,
-                                                     score_scale, exp_scale, shift_scale, beta, eps_cmp, LP, BLOCK_N,
-                                                     True, CAUSAL, PAPER, FIX, IS_BF16, EXPLICIT, SHADOW)
-    if FIX == 2:
-        l_div = l_i  # the published rule divides 0 by 0 when a row underflows (the authors clamp; we do not)
+    if PAPER:
+        acc, l_i, m_i, acc32, l32 = _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt,
+                                                     stride_vt, offs_m, offs_d, bh_hash, T, full_hi, hi, score_scale,
+                                                     exp_scale, shift_scale, beta, eps_cmp, LP, HEAD_DIM, BLOCK_M,
+                                                     BLOCK_N, PAPER_TILE, CAUSAL, FIX, IS_BF16, EXPLICIT, SHADOW)
     else:
-        l_div = tl.where(l_i == 0.0, 1.0, l_i)  # fully masked rows only: O = 0
+        acc, l_i, m_i, seen_max = _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                             offs_d, bh_hash, T, 0, full_hi, exp_scale, shift_scale, beta, eps_cmp,
+                                             LP, BLOCK_N, False, CAUSAL, FIX, IS_BF16, EXPLICIT)
+        acc, l_i, m_i, seen_max = _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                             offs_d, bh_hash, T, full_hi, hi, exp_scale, shift_scale, beta, eps_cmp,
+                                             LP, BLOCK_N, True, CAUSAL, FIX, IS_BF16, EXPLICIT)
+    l_div = tl.where(l_i == 0.0, 1.0, l_i)  # fully masked rows only: O = 0
     if EXPLICIT:
         o32 = acc / l_div[:, None]
     else:
@@ -297,7 +404,8 @@ def _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER: tl.constexpr, IS_BF16: tl.c
     """P^T of a (key tile x query tile) block recomputed from LSE (natural log), scores rounded as in the forward."""
     qkt = _mma(k, qt, None, EXPLICIT)
     if PAPER:
-        pt = tl.exp2((_round_lp(qkt * sm_scale, IS_BF16, EXPLICIT) - lse[None, :]) * 1.4426950408889634)
+        s_t = _round_lp(_round_lp(qkt, IS_BF16, EXPLICIT) * sm_scale, IS_BF16, EXPLICIT)
+        pt = tl.exp2((s_t - lse[None, :]) * 1.4426950408889634)
     else:
         pt = tl.exp2(qkt * exp_scale - (lse * 1.4426950408889634)[None, :])
     return pt
@@ -423,7 +531,8 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, r
         vt = _loaded_operand(vt, EXPLICIT)
         qk = _mma(q, kt, None, EXPLICIT)
         if PAPER:
-            p = tl.exp2((_round_lp(qk * sm_scale, IS_BF16, EXPLICIT) - lse[:, None]) * 1.4426950408889634)
+            s = _round_lp(_round_lp(qk, IS_BF16, EXPLICIT) * sm_scale, IS_BF16, EXPLICIT)
+            p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
         else:
             p = tl.exp2(qk * exp_scale - lse2[:, None])
         if MASKED:
@@ -491,10 +600,11 @@ FIXED_DKDV = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 FIXED_DQ = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
-_FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "FIX", "IS_BF16"]
+_FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "PAPER_TILE", "FIX", "IS_BF16"]
 _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, head dims the config is tried for; the others are pruned before they are
-# compiled). The forward needs BLOCK_M to be a multiple of BLOCK_N (its causal split into full and diagonal tiles).
+# compiled). The forward needs BLOCK_M to be a multiple of BLOCK_N (its causal split into full and diagonal tiles),
+# and in rounding=paper a BLOCK_N no larger than the paper tile (its blocks must not straddle two tiles).
 _ALL_D = (16, 32, 64, 128)
 _FWD_CONFIGS = [(128, 64, 4, 3, _ALL_D), (128, 128, 8, 3, _ALL_D), (128, 64, 8, 3, _ALL_D)]
 # Head dim 128 also tries shallower pipelines and 8 warps (the H200 run of 2026-11-30 picked the original three
@@ -510,18 +620,22 @@ def _configs(shapes):
     out = []
     for bm, bn, w, st, dims in shapes:
         cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-        cfg.head_dims = dims  # read by _prune_by_head_dim only
+        cfg.head_dims = dims  # read by _prune_configs only
         out.append(cfg)
     return out
 
 
-def _prune_by_head_dim(configs, named_args, **kwargs):
-    dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-    kept = [c for c in configs if dim in getattr(c, "head_dims", _ALL_D)]
-    return kept or configs
+def _prune_configs(configs, named_args, **kwargs):
+    meta = {**named_args, **kwargs}
+    dim = meta["HEAD_DIM"]
+    kept = [c for c in configs if dim in getattr(c, "head_dims", _ALL_D)] or configs
+    paper_tile = meta.get("PAPER_TILE", 0)  # forward only
+    if meta["PAPER"] and paper_tile:
+        kept = [c for c in kept if c.kwargs["BLOCK_N"] <= paper_tile]
+    return kept
 
 
-_PRUNE = {"early_config_prune": _prune_by_head_dim}
+_PRUNE = {"early_config_prune": _prune_configs}
 _fwd_tuned = triton.autotune(_configs(_FWD_CONFIGS), key=_FWD_KEY, prune_configs_by=_PRUNE)(_fwd_kernel)
 _dkdv_tuned = triton.autotune(_configs(_DKDV_CONFIGS), key=_BWD_KEY, prune_configs_by=_PRUNE)(_bwd_dkdv_kernel)
 _dq_tuned = triton.autotune(_configs(_DQ_CONFIGS), key=_BWD_KEY, prune_configs_by=_PRUNE)(_bwd_dq_kernel)
@@ -580,8 +694,9 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0) -> Numerics:
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads)
+def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0,
+              paper_block_keys: int = PAPER_BLOCK_KEYS) -> Numerics:
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads, paper_block_keys)
     _check_device(q, k, v)
     return nm
 
@@ -602,9 +717,11 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_he
             int(head_offset), int(total_heads or heads), nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta,
             nm.eps_cmp)
     is_bf16 = q.dtype == torch.bfloat16
-    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, FIX=nm.fix, IS_BF16=is_bf16, EXPLICIT=INTERPRET)
+    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix, IS_BF16=is_bf16,
+                EXPLICIT=INTERPRET)
     rows = bsz * heads
-    cfg = _launch(_fwd_tuned, _fwd_kernel, FIXED_FWD, ("fwd", seq, dim, causal, nm.paper, nm.fix, q.dtype),
+    cfg = _launch(_fwd_tuned, _fwd_kernel, FIXED_FWD,
+                  ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype),
                   lambda c: (triton.cdiv(seq, c["BLOCK_M"]), rows), args, meta)
     _last_fwd_block_n = cfg["BLOCK_N"]
     return out, lse, o32
@@ -647,15 +764,15 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
 
 @torch.library.custom_op("sla_attention::flash_fwd", mutates_args=())
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
-              eps: float, head_offset: int = 0,
-              total_heads: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              eps: float, head_offset: int = 0, total_heads: int = 0,
+              paper_block_keys: int = PAPER_BLOCK_KEYS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output else an empty tensor)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     return _forward(q, k, v, causal, nm, head_offset, total_heads)
 
 
 @flash_fwd.register_fake
-def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0):
+def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS):
     bsz, heads, seq, dim = q.shape
     out = q.new_empty((bsz, heads, seq, dim))
     lse = q.new_empty((bsz, heads, seq), dtype=torch.float32)
@@ -670,7 +787,8 @@ def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses.
 
     head_offset / total_heads are checked like the forward's; the backward itself does not depend on them (P is
-    recomputed from the saved LSE, which already reflects the forward's global-index shift)."""
+    recomputed from the saved LSE, which already reflects the forward's global-index shift; nor on the paper tile
+    size, so it takes none)."""
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
     return _backward(d_out, q, k, v, o_saved, lse, causal, nm)
 
@@ -682,7 +800,7 @@ def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offse
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads = inputs
+    q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, _paper_block_keys = inputs
     out, lse, o32 = output
     ctx.save_for_backward(q, k, v, o32 if fix == "fp32_output" else out, lse)
     ctx.args = (causal, rounding, fix, beta, eps, head_offset, total_heads)
@@ -691,7 +809,7 @@ def _setup_context(ctx, inputs, output):
 def _backward_rule(ctx, d_out, _d_lse, _d_o32):
     q, k, v, o_saved, lse = ctx.saved_tensors
     dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, *([None] * 8)
 
 
 flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -716,7 +834,8 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *, head_offset: int = 0,
+                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
+                    paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
                     total_heads: int = 0) -> torch.Tensor:
     """Triton flash attention; see ``kernels.flash_attention``.
 
@@ -725,15 +844,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     same launches, so their results are identical.
     """
     if torch.compiler.is_compiling():
-        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads)[0]
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)[0]
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads)
 
 
-def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *, head_offset: int = 0,
-                 total_heads: int = 0) -> torch.Tensor:
+def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *,
+                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
     """The O that this kernel's backward uses for delta (forward only, no autograd graph)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     with torch.no_grad():
         out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads)
     return o32 if nm.keeps_fp32_output else out

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import yaml
 
-from kernels.modes import FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS
+from kernels.modes import FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
@@ -549,6 +549,9 @@ def attention_problems(a: AttentionConfig, where: str) -> list[str]:
         problems.append(f"{where}.beta={a.beta} must be > 1 (the maximum is shifted by (beta - 1) x max)")
     if a.eps < 0:
         problems.append(f"{where}.eps={a.eps} must be >= 0")
+    tile_problem = paper_block_keys_problem(a.paper_block_keys)
+    if tile_problem:
+        problems.append(f"{where}.{tile_problem}")
     return problems
 
 

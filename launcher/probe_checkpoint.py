@@ -104,7 +104,7 @@ def probe_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = No
     say(f"checkpoint {checkpoint} (verified)")
     config, model = load_model(run_dir, checkpoint, dev)
     att = config.attention
-    paper_block_keys = getattr(att, "paper_block_keys", None)  # absent in configs that predate the paper tile
+    paper_block_keys = att.paper_block_keys
     tile = tie_tile_keys(att.rounding, paper_block_keys)
     backend = "triton" if dev.type == "cuda" else "reference"
     data = open_data(config, ParallelDims(device=dev))

@@ -32,8 +32,12 @@ class AttentionConfig:
     paper (the authors' rounding points: BF16 scores, per-tile BF16 P_bar V, BF16 running O and row sums)."""
     fix: str = "none"
     """Bias fix: none; dynamic_max (bounded, per-row shift of the softmax maximum when it repeats: the safe
-    default); dynamic_max_published (the paper's rule as published, can underflow to NaN); fp32_output (delta
-    from an FP32 copy of O)."""
+    default); dynamic_max_published (the paper's rule as the authors run it: where it underflows, their row-sum
+    clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O)."""
+    paper_block_keys: int = 512
+    """Keys per tile of rounding=paper: the running O and row sum are rounded to BF16 once per tile, and the fixes
+    look for repeated maxima per tile. 512 as in the authors' code; 0 puts the whole row in one tile (the paper's
+    analysis); otherwise a power of two >= 64. Ignored by rounding=fa2."""
     beta: float = 2.0
     """Shift factor of the dynamic-maximum fixes (the paper uses 2; its earlier value was 7)."""
     eps: float = 1e-3
@@ -75,5 +79,5 @@ def build_attention(config: AttentionConfig, device: torch.device, head_offset: 
     fn = kernels.flash_attention if backend == "triton" else kernels.reference_attention
     return functools.partial(
         fn, causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
-        head_offset=head_offset, total_heads=total_heads,
+        paper_block_keys=config.paper_block_keys, head_offset=head_offset, total_heads=total_heads,
     )

@@ -93,9 +93,9 @@ class Monitors:
         # ranks that take part: the logging rank's tensor-parallel group, or every rank under ZeRO-3
         self.active = self.dims.dp_rank == 0 or zero3
         self.rounding, self.fix = att.rounding, att.fix
-        self.beta, self.eps = att.beta, att.eps
-        # the tile in which a repeated maximum matters (attention.paper_block_keys: absent in configs before it)
-        self.tie_tile = tie_tile_keys(att.rounding, getattr(att, "paper_block_keys", None))
+        self.beta, self.eps, self.paper_block_keys = att.beta, att.eps, att.paper_block_keys
+        # the tile in which a repeated maximum matters for the run's numerics
+        self.tie_tile = tie_tile_keys(att.rounding, att.paper_block_keys)
         # this rank's blocks by global layer index (a pipeline stage holds some of them)
         self.layers: dict[int, torch.nn.Module] = engine.blocks() if engine is not None else dict(enumerate(model.blocks))
         self.layer_ids = sorted(self.layers)
@@ -323,7 +323,7 @@ class Monitors:
             cap = probe.layers[i]
             out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
                                    self.fix, self.beta, self.eps, self.prev_error.get(i), self.head_offset,
-                                   self.n_head)
+                                   self.n_head, self.paper_block_keys)
             cum = self.delta_cum.get(i)
             self.delta_cum[i] = out["sum"].clone() if cum is None else cum.to(out["sum"]) + out["sum"]
             self.prev_error[i] = out["error"].float()  # (heads, head_dim, d_model), rows of q_proj.weight per head

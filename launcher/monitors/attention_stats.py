@@ -29,9 +29,12 @@ def kernel_inputs(t: torch.Tensor, backend: str) -> torch.Tensor:
 def scores(q: torch.Tensor, k: torch.Tensor, rounding: str) -> torch.Tensor:
     """Causally masked scores (B, H, T, T) in FP32 holding the values the kernel works with; masked entries -inf."""
     t = q.shape[-2]
-    s = (q.float() @ k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    if rounding == "paper":
-        s = s.to(torch.bfloat16).float()
+    qk = q.float() @ k.float().transpose(-1, -2)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if rounding == "paper":  # S = bf16(bf16(q.k) * scale), as the authors' autocast computes it
+        s = (qk.to(torch.bfloat16).float() * scale).to(torch.bfloat16).float()
+    else:
+        s = qk * scale
     mask = torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1)
     return s.masked_fill(mask, float("-inf"))
 

@@ -87,11 +87,11 @@ def cosine_from_parts(dot: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor)
 def layer_delta_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_out: torch.Tensor,
                      x: torch.Tensor, backend: str, rounding: str, fix: str, beta: float, eps: float,
                      previous_error: Optional[torch.Tensor] = None, head_offset: int = 0,
-                     total_heads: int = 0) -> dict[str, torch.Tensor]:
+                     total_heads: int = 0, paper_block_keys: Optional[int] = None) -> dict[str, torch.Tensor]:
     """Delta-bias results of one layer: ``sum`` (H,) of delta_lp - delta_hp over batch and positions, the W_Q
     gradient ``error`` (H, hd, d) and, given the previous call's error, cosines ``dwq_cos`` (whole layer, scalar)
     and ``dwq_cos_head`` (H,) with their parts per head (``dot``, ``error_sq``, ``previous_sq``)."""
-    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads)
+    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     qi, ki, vi = (kernel_inputs(t, backend) for t in (q, k, v))
     o_exact, p = exact_attention(qi, ki, vi)
     diff = delta_difference(d_out, o_saved, o_exact)

@@ -121,9 +121,9 @@ def test_safe_fix_never_nan_inf_or_zeroed(rounding):
 @pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
 def test_published_rule_failure_reproduced(rounding):
     out = kernels.flash_attention(*tied_inputs(120.0, 2), False, rounding, "dynamic_max_published")
-    assert torch.isnan(out).all()
+    assert (out == 0).all(), "zeroed rows (the authors' row-sum clamp; NaN without it)"
     out = kernels.flash_attention(*tied_inputs(20.0, 2), False, rounding, "dynamic_max_published", beta=7.0)
-    assert torch.isnan(out).all()
+    assert (out == 0).all()
 
 
 def test_bias_probe_on_gpu(seed):
@@ -132,7 +132,9 @@ def test_bias_probe_on_gpu(seed):
     res, sink = by_case["tile"], by_case["sink"]
     assert -0.32 < res["paper/none"]["o_imb"][2] < -0.18, f"seed={seed}: {res['paper/none']}"
     assert all(abs(x) < 0.05 for x in res["fa2/dynamic_max"]["o_imb"].values()), f"seed={seed}"
-    assert all(abs(x) < 0.13 for x in res["paper/dynamic_max"]["o_imb"].values()), f"seed={seed}"
+    # k=1 rows carry the rounding of l = bf16(1 + eps) in the probe's one (whole-row) paper tile, ~-0.2 ulp, fix or not
+    paper_fixed = res["paper/dynamic_max"]["o_imb"]
+    assert all(abs(paper_fixed[k]) < 0.13 for k in (2, 3, 4)), f"seed={seed}: {paper_fixed}"
     assert sink["fa2/none"]["o_imb"][2] > 0.15, f"seed={seed}: the fa2 midpoint bias of sink-like V: {sink}"
     assert all(abs(sink["fa2/dynamic_max"]["o_imb"][t]) < 0.03 for t in (2, 3, 4)), f"seed={seed}: {sink}"
     assert all(r["nan_rows"] == 0 and r["zero_rows"] == 0 for c in by_case.values() for r in c.values())

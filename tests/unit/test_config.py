@@ -1,6 +1,7 @@
 """Recipes load, overrides apply, and bad configs fail up front with messages that say what to change."""
 
 import pytest
+import torch
 
 from launcher.config import ConfigError, arm_names, build_config, describe, load_config, load_recipe, parse_overrides
 
@@ -51,6 +52,9 @@ def test_arm_override_from_cli():
     (["attention.backend=sdpa", "arms.baseline.attention.rounding=paper"], "needs attention.backend"),
     (["arms.baseline.attention.fix=dynamic_max", "attention.beta=1"], "must be > 1"),
     (["arms.baseline.attention.fix=nope"], "attention.fix='nope' is not one of"),
+    (["attention.paper_block_keys=100"], "attention.paper_block_keys=100 must be 0 (the whole row"),
+    (["arms.baseline.attention.paper_block_keys=32"], "attention.paper_block_keys=32 must be 0 (the whole row in one "
+                                                      "tile, as in the paper's analysis) or a power of two >= 64"),
     (["optim.lr=fast"], "optim.lr must be a number"),
     (["model.n_layer=2.5"], "model.n_layer must be an integer"),
     (["parallel.pipeline_parallel=2", "parallel.zero_stage=2"], "supports ZeRO stage 0 or 1 only"),
@@ -65,6 +69,18 @@ def test_arm_override_from_cli():
 def test_bad_configs_say_what_to_change(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         load_config("smoke", overrides)
+
+
+def test_paper_block_keys_reaches_the_attention():
+    """Default 512 (the kernels' default, the authors' tile); 0 (whole row) and powers of two >= 64 are accepted and
+    bound into the attention callable the model uses."""
+    from kernels.modes import PAPER_BLOCK_KEYS
+    from model.attention import build_attention
+
+    assert load_config("smoke").attention.paper_block_keys == PAPER_BLOCK_KEYS == 512
+    for tile in (0, 64, 1024):
+        config = load_config("smoke", [f"attention.paper_block_keys={tile}"])
+        assert build_attention(config.attention, torch.device("cpu")).keywords["paper_block_keys"] == tile
 
 
 def test_world_size_divides_batch():

@@ -148,7 +148,7 @@ def test_tile_tie_rate_on_hand_built_rows():
 
 
 def test_tie_tile_follows_the_runs_numerics():
-    assert tie_tile_keys("fa2") == 64 and tie_tile_keys("paper") == 64
+    assert tie_tile_keys("fa2") == 64 and tie_tile_keys("paper") == 512
     assert tie_tile_keys("paper", 512) == 512 and tie_tile_keys("paper", 0) == 0 and tie_tile_keys("fa2", 512) == 64
 
 
