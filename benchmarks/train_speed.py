@@ -2,7 +2,8 @@
 process on whatever device is present.
 
     python -m benchmarks.train_speed RECIPE [section.field=value ...] [--arm NAME] [--steps 12] [--skip 4]
-                                     [--baselines flash,cudnn] [--no-compile-baseline] [--json FILE]
+                                     [--baselines flash,cudnn] [--no-compile-baseline] [--also "OVERRIDES"]
+                                     [--profile DIR] [--json FILE]
 
 Both sides train the recipe's model shape (layers, width, heads, vocabulary, context) on the same global batch, with
 the same micro-batches, BF16 autocast on a GPU, FP32 weights and fused AdamW:
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -83,7 +85,62 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_tokens_per_s(step, steps: int, skip: int, tokens: int, device: torch.device) -> float:
+# Kernel-name patterns of the profile's categories, first match wins (lower-case substrings).
+CATEGORIES = [
+    ("attention: this project's Triton kernel", ("_fwd_kernel", "_bwd_delta_kernel", "_bwd_dkdv_kernel",
+                                                 "_bwd_dq_kernel")),
+    ("attention: SDPA flash / cuDNN", ("flash_fwd", "flash_bwd", "fmha", "cudnn", "sdpa")),
+    ("matmuls (cuBLAS / CUTLASS / TE)", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "fp8")),
+    ("optimizer (fused AdamW, clipping)", ("adam", "multi_tensor", "foreach", "norm_kernel")),
+    ("fused elementwise, norms, losses (Inductor Triton)", ("triton_",)),
+    ("copies and fills", ("memcpy", "memset", "copy", "fill")),
+]
+
+
+def _category(name: str) -> str:
+    low = name.lower()
+    for label, patterns in CATEGORIES:
+        if any(p in low for p in patterns):
+            return label
+    return "other kernels (aten elementwise, reductions, ...)"
+
+
+def profile_step(step, step_index: int, device: torch.device, out_dir: Path | None, side: str) -> dict:
+    """Kernel time of one step by category (torch.profiler; one CUDA stream, so busy = the kernels' sum), the
+    step's wall time and the GPU's idle share; the top kernels go to out_dir/<side>_kernels.md."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        step(step_index)
+        _sync(device)
+        wall_us = (time.perf_counter() - start) * 1e6
+    kernels = {}
+    on_gpu = device.type == "cuda"  # on a CPU the "kernels" are the ops' own CPU time (a smoke test of this path)
+    for evt in prof.key_averages():
+        if evt.device_type != (torch.autograd.DeviceType.CUDA if on_gpu else torch.autograd.DeviceType.CPU):
+            continue
+        us = evt.self_device_time_total if on_gpu else evt.self_cpu_time_total
+        if us > 0:
+            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+    busy = sum(us for us, _ in kernels.values())
+    by_category: dict[str, float] = {}
+    for name, (us, _) in kernels.items():
+        by_category[_category(name)] = by_category.get(_category(name), 0.0) + us
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:40]
+        lines = [f"Top kernels of one step, {side} (torch.profiler; us of GPU time, share of the step's kernel time)",
+                 "", "| kernel | calls | us | share | category |", "|---|---|---|---|---|"]
+        lines += [f"| `{name[:110]}` | {n} | {us:,.0f} | {100 * us / busy:.1f}% | {_category(name)} |"
+                  for name, (us, n) in top]
+        (out_dir / f"{re.sub(r'[^A-Za-z0-9_.=-]+', '_', side)}_kernels.md").write_text("\n".join(lines) + "\n")
+    return {"wall_us": wall_us, "busy_us": busy, "categories": by_category}
+
+
+def _median_tokens_per_s(step, steps: int, skip: int, tokens: int, device: torch.device,
+                         profile_to: Path | None = None, side: str = "") -> float | tuple[float, dict]:
     times = []
     for i in range(steps):
         _sync(device)
@@ -92,23 +149,28 @@ def _median_tokens_per_s(step, steps: int, skip: int, tokens: int, device: torch
         _sync(device)
         times.append(time.perf_counter() - start)
         print(f"  step {i + 1}/{steps}: {times[-1]:.3f} s", flush=True)
-    return tokens / statistics.median(times[skip:])
+    rate = tokens / statistics.median(times[skip:])
+    if profile_to is None:
+        return rate
+    return rate, profile_step(step, steps, device, profile_to, side)
 
 
-def time_recipe(config, steps: int, skip: int, device: torch.device) -> float:
+def time_recipe(config, steps: int, skip: int, device: torch.device, profile_to: Path | None = None,
+                side: str = "recipe"):
     from launcher.trainer import Trainer
 
     trainer = Trainer(config, ParallelDims(device=device))
     try:
         return _median_tokens_per_s(trainer.train_step, steps, skip,
-                                    config.data.global_batch_size * config.data.seq_len, device)
+                                    config.data.global_batch_size * config.data.seq_len, device, profile_to, side)
     finally:
         trainer.engine.close()
         if trainer.lock is not None:
             trainer.lock.release()
 
 
-def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: int, device: torch.device) -> float:
+def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: int, device: torch.device,
+                  profile_to: Path | None = None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     m, data = config.model, config.data
@@ -130,7 +192,8 @@ def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: i
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return _median_tokens_per_s(step, steps, skip, data.global_batch_size * data.seq_len, device)
+    return _median_tokens_per_s(step, steps, skip, data.global_batch_size * data.seq_len, device, profile_to,
+                                f"sdpa_{backend}")
 
 
 def main(argv=None) -> int:
@@ -143,8 +206,15 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", type=int, default=4, help="first steps left out of the median (compilation)")
     parser.add_argument("--baselines", default="flash,cudnn", help=f"SDPA backends: {', '.join(SDPA_BACKENDS)}")
     parser.add_argument("--no-compile-baseline", action="store_true", help="run the baseline eagerly")
+    parser.add_argument("--also", action="append", default=[], metavar="OVERRIDES",
+                        help="time the recipe again with these extra overrides (space-separated section.field=value); "
+                             "repeatable, one row each")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="after the timed steps, profile one more step of every side: kernel time by category "
+                             "(printed) and each side's top kernels (DIR/<side>_kernels.md)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_intermixed_args(argv)
+    profile_to = Path(args.profile) if args.profile else None
     baselines = [b for b in args.baselines.split(",") if b]
     unknown = [b for b in baselines if b not in SDPA_BACKENDS]
     if unknown or not baselines or args.steps <= args.skip:
@@ -153,40 +223,70 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         quiet = ["eval.interval=0", "monitor.spectral_interval=0", "monitor.probe_interval=0",
-                 "checkpoint.enabled=false", f"run.out_dir={tmp}", f"run.max_steps={args.steps}",
+                 "checkpoint.enabled=false", f"run.out_dir={tmp}", f"run.max_steps={args.steps + 1}",
                  "run.log_interval=1000000"]
         try:
-            tree = load_recipe(args.recipe, [*args.overrides, *quiet])
-            config = build_config(tree, args.arm or arm_names(tree)[0])
+            variants = []  # (row name, config) of every recipe row
+            for extra in ["", *args.also]:
+                tree = load_recipe(args.recipe, [*args.overrides, *extra.split(), *quiet])
+                variants.append((f"recipe {extra}".strip(), build_config(tree, args.arm or arm_names(tree)[0])))
+            config = variants[0][1]
             if config.model.vocab_size == 0:
                 raise ConfigError("set model.vocab_size (the baseline needs it before any data is opened)")
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        rows = []
+        baseline_rows, recipe_rows = [], []
+
+        def row(side, result):
+            rate, prof = result if profile_to is not None else (result, None)
+            return {"side": side, "tokens_per_s": rate, **({"profile": prof} if prof else {})}
+
         for backend in baselines:
             print(f"[train_speed] sdpa_{backend} (compile={not args.no_compile_baseline})", flush=True)
-            rows.append({"side": f"sdpa_{backend}", "tokens_per_s": time_baseline(
-                config, backend, not args.no_compile_baseline, args.steps, args.skip, device)})
-        print(f"[train_speed] recipe {args.recipe}, arm {config.run.arm}: attention {config.attention.backend} "
-              f"{config.attention.numerics}, compile={config.run.compile}, fp8_ffn={config.precision.fp8_ffn}",
-              flush=True)
-        rows.insert(0, {"side": "recipe", "tokens_per_s": time_recipe(config, args.steps, args.skip, device)})
+            baseline_rows.append(row(f"sdpa_{backend}", time_baseline(
+                config, backend, not args.no_compile_baseline, args.steps, args.skip, device, profile_to)))
+        for name, variant in variants:
+            print(f"[train_speed] {name} ({args.recipe}, arm {variant.run.arm}): attention "
+                  f"{variant.attention.backend} {variant.attention.numerics}, compile={variant.run.compile}, "
+                  f"fp8_ffn={variant.precision.fp8_ffn}", flush=True)
+            recipe_rows.append(row(name, time_recipe(variant, args.steps, args.skip, device, profile_to, name)))
+        rows = recipe_rows + baseline_rows
     flops = _flops_per_token(config)
     peak = peak_tflops(config.run.peak_tflops, device)
-    reference = rows[1]["tokens_per_s"]
+    reference = baseline_rows[0]["tokens_per_s"]
     print(f"\n{config.model.n_layer} x {config.model.d_model}, {config.model.n_head} heads, context "
           f"{config.data.seq_len}, {config.data.global_batch_size} sequences per step, micro-batch "
           f"{config.data.micro_batch_size}, on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}")
-    print(f"| side | tokens/s | MFU | vs {rows[1]['side']} |\n|---|---|---|---|")
+    print(f"| side | tokens/s | MFU | vs {baseline_rows[0]['side']} |\n|---|---|---|---|")
     for row in rows:
         row["mfu"] = row["tokens_per_s"] * flops / (peak * 1e12) if peak else math.nan
         row["ratio"] = row["tokens_per_s"] / reference
         print(f"| {row['side']} | {row['tokens_per_s']:,.0f} | {100 * row['mfu']:.1f}% | {row['ratio']:.3f} |")
+    if profile_to is not None:
+        print(profile_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"recipe": args.recipe, "overrides": args.overrides,
                                                "device": str(device), "rows": rows}, indent=1))
     return 0
+
+
+def profile_table(rows) -> str:
+    """Milliseconds of GPU time per step by kernel category, one column per side, plus wall time and GPU idle."""
+    labels = [label for label, _ in CATEGORIES] + ["other kernels (aten elementwise, reductions, ...)"]
+    sides = [r for r in rows if "profile" in r]
+    lines = ["", "One profiled step per side (torch.profiler), ms of GPU time by kernel category:", "",
+             "| category | " + " | ".join(r["side"] for r in sides) + " |", "|---|" + "---|" * len(sides)]
+    for label in labels:
+        values = [r["profile"]["categories"].get(label, 0.0) / 1e3 for r in sides]
+        if any(values):
+            lines.append(f"| {label} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+    lines.append("| **all kernels (GPU busy)** | " + " | ".join(f"{r['profile']['busy_us'] / 1e3:.1f}" for r in sides)
+                 + " |")
+    lines.append("| step wall time | " + " | ".join(f"{r['profile']['wall_us'] / 1e3:.1f}" for r in sides) + " |")
+    lines.append("| GPU idle share | " + " | ".join(
+        f"{100 * max(0.0, 1 - r['profile']['busy_us'] / r['profile']['wall_us']):.1f}%" for r in sides) + " |")
+    return "\n".join(lines)
 
 
 def _flops_per_token(config) -> float:

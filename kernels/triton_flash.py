@@ -307,8 +307,8 @@ def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, st
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
-                stride_vh, stride_vt, H, GROUP, T, head_offset, total_heads, score_scale, exp_scale, shift_scale,
-                beta, eps_cmp, HEAD_DIM: tl.constexpr,
+                stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, H, GROUP, T, head_offset, total_heads,
+                score_scale, exp_scale, shift_scale, beta, eps_cmp, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                 PAPER_TILE: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     LP: tl.constexpr = O.dtype.element_ty
@@ -361,7 +361,7 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
         o32 = acc / l_div[:, None]
     else:
         o32 = tl.math.div_rn(acc, l_div[:, None])
-    o_off = bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    o_off = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]  # O32 shares O's layout
     if EXPLICIT:
         tl.store(O + o_off, _round_lp(o32, IS_BF16, EXPLICIT).to(LP), mask=row_ok[:, None])
     else:
@@ -387,15 +387,19 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
 
 
 @triton.jit
-def _bwd_delta_kernel(OS, DO, DELTA, T, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot, H, T,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta = rowsum(dO * O_saved) in FP32; O_saved is the LP O or the FP32 O (fix=fp32_output)."""
     bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    off = bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     ok = offs_m[:, None] < T
-    o = tl.load(OS + off, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + off, mask=ok, other=0.0).to(tl.float32)
+    o = tl.load(OS + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], mask=ok,
+                other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
+                 other=0.0).to(tl.float32)
     tl.store(DELTA + bh * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
 
 
@@ -412,7 +416,8 @@ def _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER: tl.constexpr, IS_BF16: tl.c
 
 
 @triton.jit
-def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T, lo, hi,
+def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T, lo,
+                    hi,
                     sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
                     EXPLICIT: tl.constexpr):
@@ -421,7 +426,7 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         qt_ptrs = q_base + rows[None, :] * stride_qt + offs_d[:, None]
-        do_ptrs = do_base + rows[:, None] * HEAD_DIM + offs_d[None, :]
+        do_ptrs = do_base + rows[:, None] * stride_dot + offs_d[None, :]
         if MASKED:
             qt = tl.load(qt_ptrs, mask=rows[None, :] < T, other=0.0)
             do = tl.load(do_ptrs, mask=rows[:, None] < T, other=0.0)
@@ -449,7 +454,8 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
-                     stride_kt, stride_vb, stride_vh, stride_vt, H, GROUP, T, exp_scale, sm_scale,
+                     stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dkb,
+                     stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """dK and dV of one key tile of one k/v head, summed over the GROUP query heads that share it."""
@@ -483,30 +489,31 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stri
     for g in range(GROUP):
         bh = b * H + hk * GROUP + g
         q_base = Q + b * stride_qb + (hk * GROUP + g) * stride_qh
-        do_base = DO + bh * T * HEAD_DIM
+        do_base = DO + b * stride_dob + (hk * GROUP + g) * stride_doh
         lse_base = LSE + bh * T
         delta_base = DELTA + bh * T
-        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T,
+        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T,
                                  m_lo, m_diag, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
                                  EXPLICIT)
         if start_n + BLOCK_N <= T:
-            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d,
+            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d,
                                      T, m_diag, full_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER,
                                      IS_BF16, EXPLICIT)
         else:
-            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d,
+            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d,
                                      T, m_diag, full_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER,
                                      IS_BF16, EXPLICIT)
-        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, cols, offs_d, T,
+        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T,
                                  tail_lo, m_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
                                  EXPLICIT)
     dk = dk * sm_scale
-    out_off = bhk * T * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :]
     if EXPLICIT:
         dk = _round_lp(dk, IS_BF16, EXPLICIT)
         dv = _round_lp(dv, IS_BF16, EXPLICIT)
-    tl.store(DK + out_off, dk.to(LP), mask=col_ok)
-    tl.store(DV + out_off, dv.to(LP), mask=col_ok)
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + cols[:, None] * stride_dkt + offs_d[None, :], dk.to(LP),
+             mask=col_ok)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + cols[:, None] * stride_dvt + offs_d[None, :], dv.to(LP),
+             mask=col_ok)
 
 
 @triton.jit
@@ -548,7 +555,8 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, r
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                   stride_vb, stride_vh, stride_vt, H, GROUP, T, exp_scale, sm_scale, HEAD_DIM: tl.constexpr,
+                   stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh,
+                   stride_dqt, H, GROUP, T, exp_scale, sm_scale, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                    IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """dQ of one query tile of one head."""
@@ -562,8 +570,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
     row_ok = rows < T
     q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    off = bh * T * HEAD_DIM + rows[:, None] * HEAD_DIM + offs_d[None, :]
-    do = tl.load(DO + off, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dot + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
     lse = tl.load(LSE + bh * T + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * T + rows, mask=row_ok, other=0.0)
     q = _loaded_operand(q, EXPLICIT)
@@ -588,7 +596,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
     dq = dq * sm_scale
     if EXPLICIT:
         dq = _round_lp(dq, IS_BF16, EXPLICIT)
-    tl.store(DQ + off, dq.to(LP), mask=row_ok[:, None])
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqt + offs_d[None, :], dq.to(LP),
+             mask=row_ok[:, None])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -636,33 +645,74 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 _PRUNE = {"early_config_prune": _prune_configs}
-_fwd_tuned = triton.autotune(_configs(_FWD_CONFIGS), key=_FWD_KEY, prune_configs_by=_PRUNE)(_fwd_kernel)
-_dkdv_tuned = triton.autotune(_configs(_DKDV_CONFIGS), key=_BWD_KEY, prune_configs_by=_PRUNE)(_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(_configs(_DQ_CONFIGS), key=_BWD_KEY, prune_configs_by=_PRUNE)(_bwd_dq_kernel)
 
-# Host-side cache of the tuned launch parameters, keyed like the autotuners plus the dtype: after the first call of a
-# key the kernel is launched directly, without the autotuner's per-call argument binding and key computation.
-_TUNED: dict = {}
-_last_fwd_block_n = FIXED_FWD["BLOCK_N"]
+# Launch without Triton's per-call binding (see _Kernel); SLA_ATTN_FAST_LAUNCH=0 (or setting this False) launches
+# every call through Triton's JIT entry point instead, e.g. to compare the two.
+FAST_LAUNCH = os.environ.get("SLA_ATTN_FAST_LAUNCH", "1") != "0"
+_MAX_BINARIES = 4096  # launch-cache entries per kernel before the cache is emptied (distinct shapes x layouts)
 
 
-def _launch(tuned, kernel, fixed: dict, key: tuple, grid, args: tuple, meta: dict) -> dict:
-    """Launch kernel with the fixed, cached or (first call of a key) autotuned configuration; returns the config.
+class _Kernel:
+    """One Triton kernel and how it is launched: a fixed configuration (interpreter, ``SLA_ATTN_AUTOTUNE=0``, or a
+    kernel without ``configs``) or the autotuner's choice per tuning key, remembered after the first call of the key.
 
-    grid(cfg) -> the launch grid for a configuration dict holding BLOCK_M and BLOCK_N.
+    Launching through ``JITFunction.__getitem__`` costs tens of microseconds of host time per call: Triton binds the
+    arguments, works out their specialisation (16-byte alignment of pointers; integers equal to 1, divisible by 16 or
+    wider than 32 bits), hashes it with the options and looks the binary up. Its result depends only on the device,
+    the constexprs, the options, the integer values and the pointers' alignment, so after the first launch of such a
+    combination this class keeps the compiled binary and calls its launcher directly. Launch hooks (set by profilers
+    such as Proton) and the interpreter take Triton's own path.
+
+    Arguments come as three tuples in the kernel's order: tensors, then integers, then floats, then the constexprs
+    (every kernel here declares them in that order).
     """
-    if not _autotune():
-        kernel[grid(fixed)](*args, **meta, **fixed)
-        return fixed
-    cfg = _TUNED.get(key)
-    if cfg is None:
-        tuned[lambda c: grid(c)](*args, **meta)
-        best = tuned.best_config
-        cfg = dict(best.all_kwargs())
-        _TUNED[key] = cfg
+
+    def __init__(self, fn, fixed: dict, configs=None, key=None):
+        self.fn = fn
+        self.fixed = fixed
+        self.tuner = (triton.autotune(_configs(configs), key=key, prune_configs_by=_PRUNE)(fn) if configs else None)
+        self.chosen: dict = {}  # tuning key -> the autotuner's configuration (constexprs and launch options)
+        self.binaries: dict = {}  # launch key -> (launcher, function handle, packed metadata, constexpr values)
+
+    def __call__(self, grid, tensors: tuple, ints: tuple, floats: tuple, meta: dict, tune_key=None) -> dict:
+        """Launch on grid(cfg) and return the configuration cfg used."""
+        if self.tuner is None or not _autotune():
+            cfg = self.fixed
+        else:
+            cfg = self.chosen.get(tune_key)
+            if cfg is None:  # first call of the key: the autotuner times its configurations and launches the best
+                self.tuner[lambda c: grid(c)](*tensors, *ints, *floats, **meta)
+                cfg = self.chosen[tune_key] = dict(self.tuner.best_config.all_kwargs())
+                return cfg
+        g = grid(cfg)
+        if INTERPRET or not FAST_LAUNCH or triton.knobs.runtime.launch_enter_hook is not None:
+            self.fn[g](*tensors, *ints, *floats, **meta, **cfg)
+            return cfg
+        device = tensors[0].device.index
+        key = (device, tuple(meta.values()), tuple(cfg.values()), ints, tuple(t.data_ptr() & 15 == 0 for t in tensors))
+        binary = self.binaries.get(key)
+        if binary is None:
+            compiled = self.fn[g](*tensors, *ints, *floats, **meta, **cfg)  # compiles (or loads) and launches
+            if hasattr(compiled, "result"):  # asynchronous compilation mode
+                compiled = compiled.result()
+            constexprs = {**meta, **cfg}
+            launcher = compiled.run  # also loads the binary's handles
+            if len(self.binaries) >= _MAX_BINARIES:
+                self.binaries.clear()
+            self.binaries[key] = (launcher, compiled.function, compiled.packed_metadata,
+                                  tuple(constexprs[self.fn.arg_names[i]] for i in self.fn.constexprs))
+            return cfg
+        launcher, function, packed_metadata, constexpr_values = binary
+        launcher(g[0], g[1], g[2] if len(g) > 2 else 1, torch._C._cuda_getCurrentRawStream(device), function,
+                 packed_metadata, None, None, None, *tensors, *ints, *floats, *constexpr_values)
         return cfg
-    kernel[grid(cfg)](*args, **meta, **cfg)
-    return cfg
+
+
+FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
+DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64))
+DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _BWD_KEY)
+DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _BWD_KEY)
+_last_fwd_block_n = FIXED_FWD["BLOCK_N"]
 
 
 def _autotune() -> bool:
@@ -672,6 +722,10 @@ def _autotune() -> bool:
 def forward_block_n() -> int:
     """Key-tile size of the most recent forward launch (the reference needs the same block_n to match bits)."""
     return _last_fwd_block_n
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a constexpr function: slower on the host
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -694,6 +748,17 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _like(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    """An output laid out like input t (empty_like keeps a dense tensor's stride order, else it is contiguous).
+
+    A model's q, k, v are (B, T, H, D) projections seen as (B, H, T, D): O in that layout makes the model's
+    transpose back to (B, T, H * D) a free view, and gradients in that layout need no copy before the projections'
+    backward. The fake kernels allocate through here too, so the compiler sees the real strides."""
+    if POISON_OUTPUTS:
+        return torch.full_like(t, float("nan"), dtype=dtype)
+    return torch.empty_like(t, dtype=dtype)
+
+
 def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0,
               paper_block_keys: int = PAPER_BLOCK_KEYS) -> Numerics:
     nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads, paper_block_keys)
@@ -701,60 +766,100 @@ def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_hea
     return nm
 
 
+def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool):
+    """(O like q, LSE (B, H, T) FP32, FP32 O like q for fix=fp32_output else an empty tensor); q last-dim contiguous.
+    O and the FP32 O have the same strides (the kernel addresses both with O's)."""
+    bsz, heads, seq, _ = q.shape
+    out = _like(q)
+    lse = _new((bsz, heads, seq), torch.float32, q.device)
+    o32 = _like(q, torch.float32) if keeps_fp32_output else _new((0,), torch.float32, q.device)
+    return out, lse, o32
+
+
+class _Launch:
+    """One launch, prepared: the kernel, its grid (a function of the configuration) and its arguments. Calling it
+    launches with the fixed or tuned configuration; ``benchmarks.attention_tiles`` launches it with others."""
+
+    __slots__ = ("kernel", "grid", "tensors", "ints", "floats", "meta", "tune_key")
+
+    def __init__(self, kernel: _Kernel, grid, tensors: tuple, ints: tuple, floats: tuple, meta: dict, tune_key=None):
+        self.kernel, self.grid, self.tensors, self.ints, self.floats = kernel, grid, tensors, ints, floats
+        self.meta, self.tune_key = meta, tune_key
+
+    def __call__(self) -> dict:
+        return self.kernel(self.grid, self.tensors, self.ints, self.floats, self.meta, self.tune_key)
+
+    def with_config(self, cfg: dict):
+        """Launch with configuration cfg (constexprs BLOCK_M/BLOCK_N and options) through Triton's own path."""
+        return self.kernel.fn[self.grid(cfg)](*self.tensors, *self.ints, *self.floats, **self.meta, **cfg)
+
+
+def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0):
+    """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous."""
+    bsz, heads, seq, dim = q.shape
+    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output)
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
+    ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], heads,
+            heads // k.shape[1], seq, int(head_offset), int(total_heads or heads))
+    floats = (nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
+    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix,
+                IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
+    rows = bsz * heads
+    launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse), ints, floats, meta,
+                     ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype))
+    return launch, out, lse, o32
+
+
 def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0):
     """Forward launch; q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]), checked by
     ``_numerics``."""
     global _last_fwd_block_n
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    bsz, heads, seq, dim = q.shape
-    group = heads // k.shape[1]
-    dev = q.device
-    out = _new((bsz, heads, seq, dim), q.dtype, dev)
-    lse = _new((bsz, heads, seq), torch.float32, dev)
-    o32 = _new((bsz, heads, seq, dim) if nm.keeps_fp32_output else (0,), torch.float32, dev)
-    qs, ks, vs = q.stride(), k.stride(), v.stride()
-    args = (q, k, v, out, o32, lse, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], heads, group, seq,
-            int(head_offset), int(total_heads or heads), nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta,
-            nm.eps_cmp)
-    is_bf16 = q.dtype == torch.bfloat16
-    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix, IS_BF16=is_bf16,
-                EXPLICIT=INTERPRET)
-    rows = bsz * heads
-    cfg = _launch(_fwd_tuned, _fwd_kernel, FIXED_FWD,
-                  ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype),
-                  lambda c: (triton.cdiv(seq, c["BLOCK_M"]), rows), args, meta)
-    _last_fwd_block_n = cfg["BLOCK_N"]
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    launch, out, lse, o32 = _forward_launch(q, k, v, causal, nm, head_offset, total_heads)
+    _last_fwd_block_n = launch()["BLOCK_N"]
     return out, lse, o32
 
 
-def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    if d_out.dtype != q.dtype:
-        d_out = d_out.to(q.dtype)
-    if not d_out.is_contiguous():
-        d_out = d_out.contiguous()
-    if not o_saved.is_contiguous():
-        o_saved = o_saved.contiguous()
+def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """(dq, dk, dv), each laid out like its input; q, k, v last-dim contiguous."""
+    return _like(q), _like(k), _like(v)
+
+
+def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
+    """((delta, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in q's
+    dtype."""
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
-    group = heads // kv_heads
-    dev = q.device
-    delta = _new((bsz, heads, seq), torch.float32, dev)
-    _bwd_delta_kernel[(triton.cdiv(seq, 64), bsz * heads)](o_saved, d_out, delta, seq, HEAD_DIM=dim, BLOCK_M=64)
-    dq = _new((bsz, heads, seq, dim), q.dtype, dev)
-    dk = _new((bsz, kv_heads, seq, dim), k.dtype, dev)
-    dv = _new((bsz, kv_heads, seq, dim), v.dtype, dev)
+    delta = _new((bsz, heads, seq), torch.float32, q.device)
+    os_, ds = o_saved.stride(), d_out.stride()
+    q_rows, kv_rows = bsz * heads, bsz * kv_heads
+    delta_launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
+                           (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
+    dq, dk, dv = _backward_outputs(q, k, v)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
-    common = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], heads, group, seq, nm.exp_scale,
-              nm.sm_scale)
+    dqs, dks, dvs = dq.stride(), dk.stride(), dv.stride()
+    inputs = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2])
+    tail = (heads, heads // kv_heads, seq)
+    floats = (nm.exp_scale, nm.sm_scale)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
     key = (seq, dim, causal, nm.paper, q.dtype)
-    kv_rows, q_rows = bsz * kv_heads, bsz * heads
-    _launch(_dkdv_tuned, _bwd_dkdv_kernel, FIXED_DKDV, ("dkdv",) + key,
-            lambda c: (triton.cdiv(seq, c["BLOCK_N"]), kv_rows), (q, k, v, d_out, lse, delta, dk, dv, *common), meta)
-    _launch(_dq_tuned, _bwd_dq_kernel, FIXED_DQ, ("dq",) + key,
-            lambda c: (triton.cdiv(seq, c["BLOCK_M"]), q_rows), (q, k, v, d_out, lse, delta, dq, *common), meta)
-    return dq, dk, dv
+    dkdv_launch = _Launch(DKDV, lambda c: (_cdiv(seq, c["BLOCK_N"]), kv_rows), (q, k, v, d_out, lse, delta, dk, dv),
+                          inputs + (dks[0], dks[1], dks[2], dvs[0], dvs[1], dvs[2]) + tail, floats, meta,
+                          ("dkdv",) + key)
+    dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k, v, d_out, lse, delta, dq),
+                        inputs + (dqs[0], dqs[1], dqs[2]) + tail, floats, meta, ("dq",) + key)
+    return (delta_launch, dkdv_launch, dq_launch), (dq, dk, dv)
+
+
+def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    if d_out.dtype != q.dtype:
+        d_out = d_out.to(q.dtype)
+    d_out, o_saved = _last_dim_contiguous(d_out), _last_dim_contiguous(o_saved)
+    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm)
+    for launch in launches:
+        launch()
+    return grads
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -773,11 +878,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, r
 
 @flash_fwd.register_fake
 def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS):
-    bsz, heads, seq, dim = q.shape
-    out = q.new_empty((bsz, heads, seq, dim))
-    lse = q.new_empty((bsz, heads, seq), dtype=torch.float32)
-    o32 = q.new_empty((bsz, heads, seq, dim) if fix == "fp32_output" else (0,), dtype=torch.float32)
-    return out, lse, o32
+    return _forward_outputs(_last_dim_contiguous(q), fix == "fp32_output")  # the real op's allocation
 
 
 @torch.library.custom_op("sla_attention::flash_bwd", mutates_args=())
@@ -795,8 +896,7 @@ def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 @flash_bwd.register_fake
 def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0):
-    # contiguous, as _backward allocates them: not empty_like, which would copy the strides of a transposed q
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v))
 
 
 def _setup_context(ctx, inputs, output):

@@ -156,3 +156,38 @@ def test_torch_compile_inductor(seed, head_offset, total_heads):
     step(q, k, v).backward()
     for a, t in zip(grads, (q, k, v)):
         assert rel_err(a, t.grad) < 1e-2
+
+
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_cached_launch_equals_tritons_launch(fixed_config_and_poison, monkeypatch, rounding, fix, seed):
+    """The cached launch path (``_Kernel``: the binary called directly after its first launch) gives the same bits
+    as Triton's own launch path, for model-layout inputs and for inputs that are not 16-byte aligned (views at an
+    odd element offset: another specialisation, so another binary); outputs and gradients follow the inputs'
+    layout."""
+    tf = fixed_config_and_poison
+    msg = f"seed={seed} {rounding}/{fix}"
+
+    def inputs(offset):
+        flat = torch.randn(4 * 2 * 300 * 4 * 64 + offset, device="cuda").bfloat16()
+        base = flat[offset:].view(4, 2, 300, 4, 64)  # (B, T, H, D) projections of q, k, v, dO
+        return [base[i].transpose(1, 2) for i in range(4)]
+
+    def run(fast, q, k, v, d_out):
+        monkeypatch.setattr(tf, "FAST_LAUNCH", fast)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]  # views: keep the offset
+        out = kernels.flash_attention(*leaves, True, rounding, fix)
+        out.backward(d_out)
+        return out, [t.grad for t in leaves], leaves
+
+    for offset in (0, 3):
+        q, k, v, d_out = inputs(offset)
+        assert (q.data_ptr() % 16 == 0) == (offset == 0)
+        expected = run(False, q, k, v, d_out)
+        for _ in range(3):  # the first call of a combination fills the cache, later ones use it
+            got = run(True, q, k, v, d_out)
+            assert torch.equal(got[0], expected[0]), f"{msg} offset={offset}: O"
+            for name, a, b in zip("qkv", got[1], expected[1]):
+                assert torch.equal(a, b), f"{msg} offset={offset}: d{name}"
+        assert got[0].stride() == got[2][0].stride(), msg
+        assert all(g.stride() == t.stride() for g, t in zip(got[1], got[2])), msg
+    assert len(tf.FWD.binaries) >= 2, "the aligned and the unaligned call should have their own binaries"

@@ -291,6 +291,32 @@ def test_non_contiguous_inputs(seed):
     assert_matches_reference(out, ref, f"seed={seed}")
 
 
+@pytest.mark.parametrize("fix", ["none", "fp32_output"])
+def test_outputs_and_gradients_take_the_layout_of_the_inputs(seed, fix):
+    """O, the FP32 O and dq/dk/dv are laid out like q/k/v (a model's (B, T, H, D) projections seen as (B, H, T, D)),
+    so that the model's transpose of O and the projections' backward need no copy; dO may arrive in any layout
+    with a unit last stride. Values are bit-identical to the same call on contiguous copies."""
+    msg = f"seed={seed} fix={fix}"
+    q, k, v, d_out = (torch.randn(2, 70, 4, 32).bfloat16().transpose(1, 2) for _ in range(4))
+    k, v = k[:, :2], v[:, :2]  # grouped-query attention: 2 k/v heads
+    d_out_other_layout = d_out.contiguous()  # dO in yet another layout than O
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    views = [t.contiguous().requires_grad_() for t in (q, k, v)]
+    out = kernels.flash_attention(*leaves, True, "fa2", fix)
+    assert out.stride() == q.stride(), msg
+    out.backward(d_out_other_layout)
+    for name, leaf in zip("qkv", leaves):
+        assert not leaf.is_contiguous() and leaf.grad.stride() == leaf.stride(), f"{msg}: d{name}"
+    saved = kernels.saved_output(*(t.detach() for t in leaves), rounding="fa2", fix=fix, backend="triton")
+    assert saved.stride() == q.stride(), msg
+    ref_out = kernels.flash_attention(*views, True, "fa2", fix)
+    assert ref_out.is_contiguous()
+    ref_out.backward(d_out)
+    assert torch.equal(out, ref_out), msg
+    for name, a, b in zip("qkv", leaves, views):
+        assert torch.equal(a.grad, b.grad), f"{msg}: d{name}"
+
+
 SAFETY_CASES = [(0.0, 2), (0.0, 96), (1.0, 2), (120.0, 3), (1e4, 2), (1e30, 2), (-120.0, 2)]
 
 

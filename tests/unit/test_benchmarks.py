@@ -19,6 +19,25 @@ def test_train_speed_prints_both_sides(kjv_data, tmp_path, capsys):
     assert all(r["tokens_per_s"] > 0 for r in rows.values())
 
 
+def test_train_speed_variants_and_profile(kjv_data, tmp_path, capsys):
+    """--also adds a recipe row per override set; --profile prints the per-category table and writes each side's
+    top kernels (on a CPU: the ops' CPU time)."""
+    out, prof = tmp_path / "rows.json", tmp_path / "prof"
+    code = train_speed.main(["smoke", f"data.data_dir={kjv_data}", "model.vocab_size=2048", "model.n_layer=1",
+                             "model.d_model=64", "model.n_head=1", "data.seq_len=32", "model.max_seq_len=32",
+                             "data.global_batch_size=4", "data.micro_batch_size=2", "--baselines", "math",
+                             "--no-compile-baseline", "--steps", "2", "--skip", "1", "--also", "optim.lr=1e-4",
+                             "--profile", str(prof), "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| recipe optim.lr=1e-4 |" in printed and "| step wall time |" in printed
+    rows = {r["side"]: r for r in json.loads(out.read_text())["rows"]}
+    assert sorted(rows) == ["recipe", "recipe optim.lr=1e-4", "sdpa_math"]
+    assert all(r["profile"]["busy_us"] > 0 for r in rows.values())
+    assert sorted(p.name for p in prof.iterdir()) == ["recipe_kernels.md", "recipe_optim.lr=1e-4_kernels.md",
+                                                      "sdpa_math_kernels.md"]
+
+
 def test_minimal_gpt_counts_like_the_recipe_model():
     """The baseline has the recipe model's matmul weights (so the two sides do the same work per token)."""
     import torch
