@@ -105,10 +105,10 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
         eager_step()
     host_step = (time.perf_counter() - t0) / 20 * 1e3
     torch.cuda.synchronize()
-    cfg = {n: str(tf._TUNED.get(k)) for n, k in (
-        ("fwd", ("fwd", shape[2], shape[3], True, False, 0, torch.bfloat16)),
-        ("dkdv", ("dkdv", shape[2], shape[3], True, False, torch.bfloat16)),
-        ("dq", ("dq", shape[2], shape[3], True, False, torch.bfloat16)))}
+    cfg = {n: str(kernel.chosen.get(k)) for n, kernel, k in (
+        ("fwd", tf.FWD, ("fwd", shape[2], shape[3], True, False, 0, 0, torch.bfloat16)),
+        ("dkdv", tf.DKDV, ("dkdv", shape[2], shape[3], True, False, torch.bfloat16)),
+        ("dq", tf.DQ, ("dq", shape[2], shape[3], True, False, torch.bfloat16)))}
     log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
         f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; fwd+bwd step eager {t_eager_step:.3f} ms vs via "
         f"custom ops {t_op_step:.3f} ms, eager step host-issue time {host_step:.3f} ms/call; configs {cfg}")
