@@ -149,6 +149,12 @@ def _clamped_row_sum(row_sum, r_m, FIX: tl.constexpr):
 
 
 @triton.jit
+def _top2(a1, a2, b1, b2):
+    """Combine of a (largest, second largest) reduction, counting a repeated value twice."""
+    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2))
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, lo, hi,
                exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
@@ -171,15 +177,18 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt,
             if CAUSAL:
                 valid = valid & (offs_m[:, None] >= cols[None, :])
             s = tl.where(valid, s, float("-inf"))
-        r_m = tl.max(s, 1)
         if FIX == 1 or FIX == 2:
-            tied = tl.sum(((r_m[:, None] - s) <= eps_cmp).to(tl.int32), 1) > 1
+            # "r_m attained more than once within eps" is r_m - (second largest score, with multiplicity) <= eps: one
+            # two-value reduction instead of a row max plus a compare and a count per score
+            r_m, second = tl.reduce((s, tl.full(s.shape, float("-inf"), tl.float32)), 1, _top2)
+            tied = (r_m - second) <= eps_cmp
             if FIX == 1:  # safe fix: a maximum repeated in an earlier tile meets the same midpoint at the final cast
                 tied = tied | (tl.abs(r_m - seen_max) <= eps_cmp)
                 seen_max = tl.maximum(seen_max, r_m)
             m_new = tl.maximum(m_i, _fix_max(r_m, tied, offs_m, bh_hash, beta, shift_scale, False, FIX, IS_BF16,
                                              EXPLICIT))
         else:
+            r_m = tl.max(s, 1)
             m_new = tl.maximum(m_i, r_m)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if MASKED:
@@ -615,14 +624,18 @@ _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
 # compiled). The forward needs BLOCK_M to be a multiple of BLOCK_N (its causal split into full and diagonal tiles),
 # and in rounding=paper a BLOCK_N no larger than the paper tile (its blocks must not straddle two tiles).
 _ALL_D = (16, 32, 64, 128)
-_FWD_CONFIGS = [(128, 64, 4, 3, _ALL_D), (128, 128, 8, 3, _ALL_D), (128, 64, 8, 3, _ALL_D)]
+_FWD_CONFIGS = [(128, 64, 4, 3, _ALL_D), (128, 128, 8, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D)]
 # Head dim 128 also tries shallower pipelines and 8 warps (the H200 run of 2026-11-30 picked the original three
-# configurations at head dim 64, where deeper pipelines and 8-warp 2-stage variants were tried and lost).
+# configurations at head dim 64, where deeper pipelines and 8-warp 2-stage variants were tried and lost). The
+# 64 x 64 forward, the 2-stage 64 x 64 / 32 x 64 dK/dV and the 32-key dQ tiles were the fastest of a 114-configuration
+# sweep at (16, 12, 1024, 64) on the H200 (benchmarks.attention_tiles, 2026-12-01; docs/attention-kernel.md).
 _D128 = (128,)
 _DKDV_CONFIGS = [(32, 128, 4, 3, _ALL_D), (64, 128, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D),
+                 (64, 64, 4, 2, _ALL_D), (32, 64, 4, 2, _ALL_D),
                  (64, 128, 8, 2, _D128), (64, 64, 8, 2, _D128), (32, 64, 4, 3, _D128)]
-_DQ_CONFIGS = [(128, 32, 4, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D),
-               (128, 64, 8, 2, _D128), (64, 64, 8, 2, _D128), (64, 32, 4, 3, _D128)]
+_DQ_CONFIGS = [(128, 32, 4, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D), (64, 32, 4, 3, _ALL_D),
+               (128, 32, 8, 3, _ALL_D),
+               (128, 64, 8, 2, _D128), (64, 64, 8, 2, _D128)]
 
 
 def _configs(shapes):
@@ -685,7 +698,7 @@ class _Kernel:
                 cfg = self.chosen[tune_key] = dict(self.tuner.best_config.all_kwargs())
                 return cfg
         g = grid(cfg)
-        if INTERPRET or not FAST_LAUNCH or triton.knobs.runtime.launch_enter_hook is not None:
+        if INTERPRET or not FAST_LAUNCH or _launch_hooks_set():
             self.fn[g](*tensors, *ints, *floats, **meta, **cfg)
             return cfg
         device = tensors[0].device.index
@@ -706,6 +719,12 @@ class _Kernel:
         launcher(g[0], g[1], g[2] if len(g) > 2 else 1, torch._C._cuda_getCurrentRawStream(device), function,
                  packed_metadata, None, None, None, *tensors, *ints, *floats, *constexpr_values)
         return cfg
+
+
+def _launch_hooks_set() -> bool:
+    """Whether a launch hook is registered (Triton >= 3.5 keeps an always-present, possibly empty hook chain)."""
+    hook = triton.knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
