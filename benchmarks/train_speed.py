@@ -87,9 +87,9 @@ def _sync(device: torch.device) -> None:
 
 # Kernel-name patterns of the profile's categories, first match wins (lower-case substrings).
 CATEGORIES = [
+    ("attention: SDPA flash / cuDNN", ("flash_fwd", "flash_bwd", "fmha", "cudnn", "sdpa")),
     ("attention: this project's Triton kernel", ("_fwd_kernel", "_bwd_delta_kernel", "_bwd_dkdv_kernel",
                                                  "_bwd_dq_kernel")),
-    ("attention: SDPA flash / cuDNN", ("flash_fwd", "flash_bwd", "fmha", "cudnn", "sdpa")),
     ("matmuls (cuBLAS / CUTLASS / TE)", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "fp8")),
     ("optimizer (fused AdamW, clipping)", ("adam", "multi_tensor", "foreach", "norm_kernel")),
     ("fused elementwise, norms, losses (Inductor Triton)", ("triton_",)),
@@ -135,7 +135,7 @@ def profile_step(step, step_index: int, device: torch.device, out_dir: Path | No
                  "", "| kernel | calls | us | share | category |", "|---|---|---|---|---|"]
         lines += [f"| `{name[:110]}` | {n} | {us:,.0f} | {100 * us / busy:.1f}% | {_category(name)} |"
                   for name, (us, n) in top]
-        (out_dir / f"{re.sub(r'[^A-Za-z0-9_.=-]+', '_', side)}_kernels.md").write_text("\n".join(lines) + "\n")
+        (out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', side)}_kernels.md").write_text("\n".join(lines) + "\n")
     return {"wall_us": wall_us, "busy_us": busy, "categories": by_category}
 
 

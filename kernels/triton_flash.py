@@ -672,8 +672,9 @@ class _Kernel:
     Launching through ``JITFunction.__getitem__`` costs tens of microseconds of host time per call: Triton binds the
     arguments, works out their specialisation (16-byte alignment of pointers; integers equal to 1, divisible by 16 or
     wider than 32 bits), hashes it with the options and looks the binary up. Its result depends only on the device,
-    the constexprs, the options, the integer values and the pointers' alignment, so after the first launch of such a
-    combination this class keeps the compiled binary and calls its launcher directly. Launch hooks (set by profilers
+    the constexprs, the options, the integer values, the pointers' alignment and dtypes, so after the first launch of a
+    combination (and the tensors' dtypes: the delta kernel reads a bf16 or an FP32 O under the same constexprs) this
+    class keeps the compiled binary and calls its launcher directly. Launch hooks (set by profilers
     such as Proton) and the interpreter take Triton's own path.
 
     Arguments come as three tuples in the kernel's order: tensors, then integers, then floats, then the constexprs
@@ -702,7 +703,8 @@ class _Kernel:
             self.fn[g](*tensors, *ints, *floats, **meta, **cfg)
             return cfg
         device = tensors[0].device.index
-        key = (device, tuple(meta.values()), tuple(cfg.values()), ints, tuple(t.data_ptr() & 15 == 0 for t in tensors))
+        key = (device, tuple(meta.values()), tuple(cfg.values()), ints,
+               tuple((t.dtype, t.data_ptr() & 15 == 0) for t in tensors))
         binary = self.binaries.get(key)
         if binary is None:
             compiled = self.fn[g](*tensors, *ints, *floats, **meta, **cfg)  # compiles (or loads) and launches

@@ -55,10 +55,15 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with separate Q, K, V projections.
+    """Multi-head causal self-attention with separate Q, K, V projections, computed as one matrix product.
 
     Separate projections (instead of one fused QKV matrix) keep W_Q addressable on its own: the paper's failure
     shows up first in W_Q's spectral norm, and per-head blocks of W_Q are rows [h*hd, (h+1)*hd) of q_proj.weight.
+    The forward concatenates the three weights and multiplies once: three d x d products are ~7% slower than one
+    d x 3d product in a GPT-2 small training step on an H200 (benchmarks.train_speed --profile, 2026-12-01). The
+    projections only need ``weight``, ``bias`` and ``out_features``, so tensor parallelism's column-parallel shards
+    fuse the same way (each rank: its own heads of q, k and v). ``fused_qkv = False`` calls the three projection
+    modules instead (DeepSpeed ZeRO-3 gathers a module's parameters only when that module runs).
     """
 
     def __init__(self, config: GPTConfig, layer_idx: int, attention_fn: AttentionFn):
@@ -74,14 +79,23 @@ class CausalSelfAttention(nn.Module):
         self.attention_fn = attention_fn
         self.dropout = nn.Dropout(config.dropout)
         self.probe: Optional[AttentionProbe] = None
+        self.fused_qkv = True
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not self.fused_qkv:
+            return tuple(p(x) for p in projections)
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+        return F.linear(x, weight, bias).split([p.out_features for p in projections], dim=-1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q, k, v = (self._heads(y) for y in self._qkv(x))
         o = self.attention_fn(q, k, v)
         if self.probe is not None:
             o = self.probe(self.layer_idx, q, k, v, o)
@@ -187,4 +201,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        return logits, self.loss_fn(logits, targets)
+        # With a loss the logits come back detached: training differentiates the loss only, and a differentiable
+        # logits output would make a compiled backward zero-fill a logits-sized gradient every micro-batch (0.5 ms
+        # per micro-batch at GPT-2 small on an H200; benchmarks.train_speed --profile).
+        return logits.detach(), self.loss_fn(logits, targets)

@@ -59,7 +59,7 @@ def capturing(module: nn.Module, layers: dict[int, nn.Module], result: ProbeResu
         for i, block in layers.items():
             old_probes.append((block, block.attn.probe))
             block.attn.probe = attention_probe
-            handles.append(block.attn.q_proj.register_forward_pre_hook(input_hook(i)))
+            handles.append(block.attn.register_forward_pre_hook(input_hook(i)))  # x: the q/k/v projections' input
         yield result
     finally:
         for h in handles:

@@ -249,6 +249,14 @@ class ZeroEngine(Engine):
     def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
         self.model, self.dims, self.config = model, dims, config
         self.stage = config.parallel.zero_stage
+        if self.stage == 3:
+            from model.gpt import CausalSelfAttention
+
+            # ZeRO-3 gathers a module's parameters in that module's own forward: the projections must be called as
+            # modules, not fused into one product from their weights
+            for module in model.modules():
+                if isinstance(module, CausalSelfAttention):
+                    module.fused_qkv = False
         self._start_deepspeed(deepspeed_config(config, dims, self.stage), run_dir, mpu=dims if dims.distributed else None)
         self.forward = torch.compile(self.ds) if config.run.compile else self.ds
 

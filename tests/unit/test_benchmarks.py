@@ -34,7 +34,7 @@ def test_train_speed_variants_and_profile(kjv_data, tmp_path, capsys):
     rows = {r["side"]: r for r in json.loads(out.read_text())["rows"]}
     assert sorted(rows) == ["recipe", "recipe optim.lr=1e-4", "sdpa_math"]
     assert all(r["profile"]["busy_us"] > 0 for r in rows.values())
-    assert sorted(p.name for p in prof.iterdir()) == ["recipe_kernels.md", "recipe_optim.lr=1e-4_kernels.md",
+    assert sorted(p.name for p in prof.iterdir()) == ["recipe_kernels.md", "recipe_optim.lr_1e-4_kernels.md",
                                                       "sdpa_math_kernels.md"]
 
 
