@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from launcher.config import ConfigError, arm_names, build_config, load_recipe
 from launcher.metrics import peak_tflops
@@ -45,9 +46,9 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "effici
 
 
 class _Block(nn.Module):
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, backend: str | None):
         super().__init__()
-        self.heads = heads
+        self.heads, self.backend = heads, backend
         self.ln1, self.ln2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
         self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
         self.fc, self.out = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
@@ -55,7 +56,11 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.backend is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # inside the compiled code: a backend chosen around the compiled call does not reach the graph
+            with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[self.backend])):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -63,10 +68,10 @@ class _Block(nn.Module):
 class MinimalGPT(nn.Module):
     """The baseline: nanoGPT's structure in a few lines (no dropout, no biases, tied embeddings)."""
 
-    def __init__(self, vocab: int, context: int, layers: int, heads: int, d: int):
+    def __init__(self, vocab: int, context: int, layers: int, heads: int, d: int, backend: str | None = None):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
-        self.blocks = nn.ModuleList(_Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(_Block(d, heads, backend) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d, bias=False)
         for p in self.parameters():
             if p.dim() > 1:
@@ -171,11 +176,9 @@ def time_recipe(config, steps: int, skip: int, device: torch.device, profile_to:
 
 def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: int, device: torch.device,
                   profile_to: Path | None = None):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     m, data = config.model, config.data
     torch.manual_seed(config.run.seed)
-    model = MinimalGPT(m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.d_model).to(device)
+    model = MinimalGPT(m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.d_model, backend).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, fused=device.type == "cuda")
     forward = torch.compile(model) if compile_model else model
     accumulation = data.global_batch_size // data.micro_batch_size
@@ -185,7 +188,7 @@ def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: i
     def step(_):
         for _ in range(accumulation):
             x = torch.randint(0, m.vocab_size, shape, device=device)  # the costs do not depend on the tokens
-            with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])), autocast:
+            with autocast:
                 loss = forward(x, torch.roll(x, -1, 1))
             (loss / accumulation).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
