@@ -19,7 +19,8 @@ import torch
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 4096, 128), (1, 32, 8192, 128)]
 
 
-def _parse_shape(text: str):
+def parse_shape(text: str):
+    """argparse type of a B,H,T,D attention shape (shared by the attention benchmarks)."""
     try:
         shape = tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -33,6 +34,21 @@ def _modes():
     from kernels import FIXES, ROUNDINGS
 
     return [f"{r}/{f}" for r in ROUNDINGS for f in FIXES]
+
+
+def parse_mode(text: str) -> str:
+    """argparse type of a ROUNDING/FIX kernel mode."""
+    if text not in _modes():
+        raise argparse.ArgumentTypeError(f"mode {text!r} is not one of {', '.join(_modes())}")
+    return text
+
+
+def emit(table: str, out: str | None) -> None:
+    """Print a markdown table and, if asked, write it to a file too."""
+    print(table)
+    if out:
+        with open(out, "w") as fh:
+            fh.write(table)
 
 
 def flops(b, h, t, d):
@@ -193,7 +209,7 @@ def to_markdown(rows, device: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", type=_parse_shape, default=SHAPES, metavar="B,H,T,D",
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, default=SHAPES, metavar="B,H,T,D",
                         help="shapes to time (default: the four of the issue)")
     parser.add_argument("--modes", nargs="+", default=None, metavar="ROUNDING/FIX",
                         help="kernel modes (default: all eight)")
@@ -212,11 +228,7 @@ def main(argv=None) -> int:
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     rows = run(args.shapes, modes, args.rep_ms, log)
-    table = to_markdown(rows, torch.cuda.get_device_name())
-    print(table)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(table)
+    emit(to_markdown(rows, torch.cuda.get_device_name()), args.out)
     return 0
 
 

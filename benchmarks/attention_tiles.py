@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+from benchmarks.attention import emit, parse_mode, parse_shape
+
 FWD_TILES = [(64, 32), (64, 64), (128, 32), (128, 64), (128, 128)]
 DKDV_TILES = [(16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128), (128, 128)]
 DQ_TILES = [(64, 16), (64, 32), (64, 64), (128, 16), (128, 32), (128, 64), (128, 128)]
@@ -125,34 +127,19 @@ def to_markdown(results, delta_ms, shape, mode, top: int) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.attention_tiles", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="8,12,1024,64", help="B,H,T,D (default 8,12,1024,64)")
-    parser.add_argument("--mode", default="fa2/none", help="ROUNDING/FIX (default fa2/none)")
+    parser.add_argument("--shape", default="8,12,1024,64", type=parse_shape, help="B,H,T,D (default 8,12,1024,64)")
+    parser.add_argument("--mode", default="fa2/none", type=parse_mode, help="ROUNDING/FIX (default fa2/none)")
     parser.add_argument("--jobs", type=int, default=8, help="compile processes (default 8; 1 = compile inline)")
     parser.add_argument("--rep-ms", type=int, default=20, help="timed milliseconds per configuration (default 20)")
     parser.add_argument("--top", type=int, default=6, help="rows per kernel in the table (default 6)")
     parser.add_argument("--out", help="also write the markdown table here")
     args = parser.parse_args(argv)
-    from kernels import FIXES, ROUNDINGS
-
-    try:
-        shape = tuple(int(x) for x in args.shape.split(","))
-        if len(shape) != 4 or min(shape) < 1:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--shape {args.shape!r} must be B,H,T,D with positive integers, e.g. 8,12,1024,64")
-    rounding, _, fix = args.mode.partition("/")
-    if rounding not in ROUNDINGS or fix not in FIXES:
-        parser.error(f"--mode {args.mode!r} must be ROUNDING/FIX with ROUNDING in {ROUNDINGS} and FIX in {FIXES}")
     if not torch.cuda.is_available():
         print("benchmarks.attention_tiles needs a CUDA GPU", file=sys.stderr)
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    results, delta_ms, _ = sweep(shape, args.mode, max(1, args.jobs), args.rep_ms, log)
-    table = to_markdown(results, delta_ms, shape, args.mode, args.top)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(table)
+    results, delta_ms, _ = sweep(args.shape, args.mode, max(1, args.jobs), args.rep_ms, log)
+    emit(to_markdown(results, delta_ms, args.shape, args.mode, args.top), args.out)
     return 0
 
 

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from benchmarks.attention import emit, parse_mode, parse_shape
+
 
 ROUNDS = 5
 
@@ -147,33 +149,20 @@ def to_markdown(out_rows, shape, mode) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.host_overhead", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="1,2,128,64", help="B,H,T,D (default 1,2,128,64: tiny, host-bound)")
-    parser.add_argument("--mode", default="fa2/dynamic_max", help="ROUNDING/FIX of the kernel (default fa2/dynamic_max)")
+    parser.add_argument("--shape", default="1,2,128,64", type=parse_shape,
+                        help="B,H,T,D (default 1,2,128,64: tiny, host-bound)")
+    parser.add_argument("--mode", default="fa2/dynamic_max", type=parse_mode,
+                        help="ROUNDING/FIX of the kernel (default fa2/dynamic_max)")
     parser.add_argument("--calls", type=int, default=1000, help=f"calls per round (default 1000; {ROUNDS} rounds per "
                                                                  "row, the fastest counts)")
     parser.add_argument("--out", help="also write the markdown table here")
     args = parser.parse_args(argv)
-    from kernels import FIXES, ROUNDINGS
-
-    try:
-        shape = tuple(int(x) for x in args.shape.split(","))
-        if len(shape) != 4 or min(shape) < 1:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--shape {args.shape!r} must be B,H,T,D with positive integers, e.g. 1,2,128,64")
-    rounding, _, fix = args.mode.partition("/")
-    if rounding not in ROUNDINGS or fix not in FIXES:
-        parser.error(f"--mode {args.mode!r} must be ROUNDING/FIX with ROUNDING in {ROUNDINGS} and FIX in {FIXES}")
     if args.calls < 10:
         parser.error("--calls must be at least 10")
     if not torch.cuda.is_available():
         print("benchmarks.host_overhead needs a CUDA GPU (it measures the cost of issuing GPU work)", file=sys.stderr)
         return 2
-    table = to_markdown(rows(shape, args.mode, args.calls), shape, args.mode)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(table)
+    emit(to_markdown(rows(args.shape, args.mode, args.calls), args.shape, args.mode), args.out)
     return 0
 
 
