@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.modes import FIXES, KEY_TILE, PAPER_BLOCK_KEYS, mode_kwargs, paper_block_keys_problem
+from kernels.reference import exact_attention
 from kernels.rounding import bf16_ulp
 
 TIE_COUNTS = (1, 2, 3, 4)
@@ -141,13 +142,6 @@ def build_inputs(sequences: int, generator: torch.Generator, case: Case = CASES[
     return as_bf16(qs), as_bf16(ks), as_bf16(v), as_bf16(d_out), row_ties
 
 
-def fp64_attention(q, k, v):
-    """Exact (fp64) softmax attention of the same bf16 inputs, non-causal."""
-    q, k, v = (t.double() for t in (q, k, v))
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return torch.softmax(s, dim=-1) @ v
-
-
 def _outputs(q, k, v, mode, backend: str, o_ref):
     """(O the mode returns, O its backward uses for delta) for a Mode, EXACT or an SDPA backend name."""
     import kernels
@@ -173,7 +167,7 @@ def _outputs(q, k, v, mode, backend: str, o_ref):
 def measure(q, k, v, d_out, row_ties, mode, backend: str, o_ref=None) -> dict:
     """Mean signed errors of one mode: {'o_imb': {k: ulps}, 'o_ctl': {...}, 'delta': {...}, 'nan_rows': int,
     'zero_rows': int}; tie counts without rows are left out."""
-    o_ref = fp64_attention(q, k, v) if o_ref is None else o_ref
+    o_ref = exact_attention(q, k, v, causal=False)[0] if o_ref is None else o_ref
     out, saved = _outputs(q, k, v, mode, backend, o_ref)
     out, saved, o_ref, dof = (t.double().cpu()[0] for t in (out, saved, o_ref, d_out))
     ulp = bf16_ulp(o_ref)
@@ -208,7 +202,7 @@ def run_probe(backend: str = "reference", sequences: int = 32, seed: int | None 
         q, k, v, d_out, row_ties = build_inputs(max(1, sequences * BASE_SEQ // case.seq), gen, case)
         if backend == "triton" and torch.cuda.is_available() or any(m in SDPA_BACKENDS for m in modes):
             q, k, v, d_out = (t.cuda() for t in (q, k, v, d_out))
-        o_ref = fp64_attention(q, k, v)
+        o_ref = exact_attention(q, k, v, causal=False)[0]
         results[name] = {}
         for i, mode in enumerate(modes):
             label = mode if isinstance(mode, str) else mode.label

@@ -25,6 +25,8 @@ backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernels.modes import FIX_PUBLISHED, FIX_SAFE, PAPER_BLOCK_KEYS, ROW_SUM_FLOOR, Numerics, check_args, check_heads
@@ -273,3 +275,20 @@ def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", bet
         out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
                                    head_offset=head_offset, total_heads=total_heads)
     return out if o32 is None else o32
+
+
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention in FP64 of the given (low-precision) inputs: (O, P), (B, H, T, hd) and (B, H, T, T).
+
+    The one ground truth that tests, the bias probe and the delta-bias monitors compare against; k/v heads are
+    repeated for grouped-query attention; differentiable (tests take fp64 gradients through it)."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        t = q.shape[-2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return p @ v, p

@@ -34,7 +34,8 @@ from launcher.checkpoint import CheckpointError, CheckpointStore, load_parameter
 from launcher.config import ConfigError, build_config
 from launcher.data import eval_offsets, windows
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, scores
-from launcher.monitors.delta_bias import delta_difference, exact_attention, saved_output
+from kernels.reference import exact_attention
+from launcher.monitors.delta_bias import delta_difference, saved_output
 from launcher.monitors.probe import run_probe
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import autocast_factory, build_model, open_data
@@ -122,7 +123,7 @@ def probe_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = No
         for i in layers:
             cap = captured.layers[i]
             qi, ki, vi = (kernel_inputs(t, "reference") for t in (cap.q, cap.k, cap.v))
-            o_exact, _ = exact_attention(qi, ki, vi)
+            o_exact, _ = exact_attention(qi, ki, vi, causal=True)
             tie_parts[i].append(head_stats(scores(qi, ki, att.rounding), att.eps, tile))
             for mode in modes:
                 o_saved = saved_output(cap.q, cap.k, cap.v, cap.o, backend, mode.rounding, mode.fix, att.beta, att.eps,

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from kernels.modes import mode_kwargs
+from kernels.reference import exact_attention
 from launcher.monitors.attention_stats import kernel_inputs
 
 
@@ -42,16 +43,6 @@ def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
 
 
 @torch.no_grad()
-def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal softmax attention in FP64: (O (B, H, T, hd), P (B, H, T, T))."""
-    q, k, v = q.double(), k.double(), v.double()
-    t = q.shape[-2]
-    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    return p @ v, p
-
-
 @torch.no_grad()
 def delta_difference(d_out: torch.Tensor, o_saved: torch.Tensor, o_exact: torch.Tensor) -> torch.Tensor:
     """delta_lp - delta_hp per row, (B, H, T) in FP64; delta_lp is accumulated in FP32 like the kernel's."""
@@ -93,7 +84,7 @@ def layer_delta_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     and ``dwq_cos_head`` (H,) with their parts per head (``dot``, ``error_sq``, ``previous_sq``)."""
     o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
     qi, ki, vi = (kernel_inputs(t, backend) for t in (q, k, v))
-    o_exact, p = exact_attention(qi, ki, vi)
+    o_exact, p = exact_attention(qi, ki, vi, causal=True)
     diff = delta_difference(d_out, o_saved, o_exact)
     error = dwq_error(diff, p, ki, x)
     out = {"sum": diff.sum(dim=(0, 2)), "error": error}

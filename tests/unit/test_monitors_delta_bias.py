@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kernels
-from launcher.monitors.delta_bias import cosine, exact_attention, layer_delta_bias
+from kernels.reference import exact_attention
+from launcher.monitors.delta_bias import cosine, layer_delta_bias
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -63,7 +64,7 @@ def test_fixes_remove_the_delta_bias(fix):
 
 def test_exact_attention_matches_sdpa_and_error_is_rank_structured():
     q, k, v, d_out, x = crafted(0, seq=32)
-    o, p = exact_attention(q, k, v)
+    o, p = exact_attention(q, k, v, causal=True)
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     assert torch.allclose(o, ref, atol=1e-10)
     assert torch.allclose(p.sum(-1), torch.ones_like(p.sum(-1)))
