@@ -15,10 +15,11 @@ In rounding=paper the forward walks paper tiles of PAPER_TILE keys (512 by defau
 passes over its BLOCK_N-key blocks: the tile's max (and the fixes' tie test), then P_bar with that max, the FP32 row
 sum and the FP32-accumulated P_bar V; the running O and l are rounded once per tile (``_fwd_paper_tiles``).
 
-Layout: q, k, v are (batch, heads, seq, head_dim), k/v may have fewer heads (grouped-query attention). The forward
-saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised O. The backward is three
-launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of its group, so no
-atomics); dQ per query tile.
+Layout: q, k, v are (batch, heads, seq, head_dim) with any strides but a unit last one, k/v may have fewer heads
+(grouped-query attention). O, the FP32 O and dq/dk/dv are allocated like their inputs (``_like``), dO is read with
+its own strides. The forward saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised
+O. The backward is three launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of
+its group, so no atomics); dQ per query tile. Launches go through ``_Kernel``, which caches the compiled binaries.
 """
 
 from __future__ import annotations
