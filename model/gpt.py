@@ -59,8 +59,8 @@ class CausalSelfAttention(nn.Module):
 
     Separate projections (instead of one fused QKV matrix) keep W_Q addressable on its own: the paper's failure
     shows up first in W_Q's spectral norm, and per-head blocks of W_Q are rows [h*hd, (h+1)*hd) of q_proj.weight.
-    The forward concatenates the three weights and multiplies once: three d x d products are ~7% slower than one
-    d x 3d product in a GPT-2 small training step on an H200 (benchmarks.train_speed --profile, 2026-12-01). The
+    The forward concatenates the three weights and multiplies once: a GPT-2 small training step on an H200 spent
+    363 ms in matmuls with three products and 350 ms with one (benchmarks.train_speed --profile, 2026-12-01). The
     projections only need ``weight``, ``bias`` and ``out_features``, so tensor parallelism's column-parallel shards
     fuse the same way (each rank: its own heads of q, k and v). ``fused_qkv = False`` calls the three projection
     modules instead (DeepSpeed ZeRO-3 gathers a module's parameters only when that module runs).

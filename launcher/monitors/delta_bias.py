@@ -43,7 +43,6 @@ def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
 
 
 @torch.no_grad()
-@torch.no_grad()
 def delta_difference(d_out: torch.Tensor, o_saved: torch.Tensor, o_exact: torch.Tensor) -> torch.Tensor:
     """delta_lp - delta_hp per row, (B, H, T) in FP64; delta_lp is accumulated in FP32 like the kernel's."""
     delta_lp = (d_out.float() * o_saved.float()).sum(dim=-1)
