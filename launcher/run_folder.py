@@ -57,7 +57,8 @@ class RunLock:
 
 def run_files(run_dir: Path) -> list[Path]:
     """The files a run writes into its folder (not config.yaml, not the lock)."""
-    return sorted(p for pattern in RUN_FILES for p in run_dir.glob(pattern))
+    # a set: the patterns overlap (a partial save step_N.tmp matches two of them)
+    return sorted({p for pattern in RUN_FILES for p in run_dir.glob(pattern)})
 
 
 def start_fresh_or_resume(run_dir: Path, latest: Optional[Path], resume: bool, overwrite: bool) -> Optional[str]:

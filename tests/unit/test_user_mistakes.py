@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from launcher.run_folder import RunLock
+from launcher.run_folder import RunLock, start_fresh_or_resume
 from tests.runs import REPO, launcher_env, scalars
 
 
@@ -71,6 +71,19 @@ def test_a_fresh_start_in_a_used_folder_needs_overwrite(tiny_overrides, tmp_path
     assert proc.returncode == 0 and "started over" in proc.stdout, proc.stdout + proc.stderr
     losses = scalars(tmp_path / "runs" / "smoke" / "baseline", "train/loss")
     assert sorted(losses) == [1, 2, 3]  # only the new run's events
+
+
+def test_a_run_killed_inside_its_first_save_starts_over(tmp_path):
+    """Only partial files are left (no checkpoint yet): the next start clears them. step_N.tmp matches two of the
+    run-file patterns; it once was listed twice and the second delete failed (CI, 2026-12-01)."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    leftovers = [folder / "step_00000004.tmp", folder / "step_00000004.pt.sha256.tmp", tmp_path / "batch_offsets.bin"]
+    for path in leftovers:
+        path.write_bytes(b"partial")
+    message = start_fresh_or_resume(tmp_path, latest=None, resume=True, overwrite=False)
+    assert "removed 3 file(s)" in message
+    assert not any(path.exists() for path in leftovers)
 
 
 def test_deleted_batch_offsets_are_rebuilt_on_resume(tiny_overrides, tmp_path):
