@@ -132,22 +132,28 @@ def test_kill_9_at_a_random_time(common, out_dir, straight):
     resume_and_compare(common, out_dir, "killed_at_random", straight)
 
 
-def test_kill_9_during_a_checkpoint_write(common, out_dir, straight):
+@pytest.mark.parametrize("save", [1, 2])
+def test_kill_9_during_a_checkpoint_write(common, out_dir, straight, save):
     """The test hook CHECKPOINT_TEST_PAUSE_S stops each save after its first bytes; the run is killed inside the
-    second save (step 8), leaving a partial temporary file beside the step-4 checkpoint."""
-    proc = start([*common, "run.experiment=killed_in_save"], env_extra={"CHECKPOINT_TEST_PAUSE_S": "2"})
+    first save (step 4: only partial files, so the rerun starts over) or the second (step 8: a partial temporary file
+    beside the step-4 checkpoint, which the rerun resumes)."""
+    experiment = f"killed_in_save_{save}"
+    proc = start([*common, f"run.experiment={experiment}"], env_extra={"CHECKPOINT_TEST_PAUSE_S": "2"})
     pauses = []
 
-    def in_second_save(line):
+    def in_that_save(line):
         if "[checkpoint] test pause" in line:
             pauses.append(line)
-        return len(pauses) == 2
+        return len(pauses) == save
 
-    run_until(proc, in_second_save, lambda: proc.send_signal(signal.SIGKILL))
-    folder = run_dir(out_dir, "killed_in_save") / "checkpoints"
-    assert (folder / f"step_{2 * INTERVAL:08d}.tmp").exists()  # the torn write, under its temporary name
-    assert CheckpointStore(folder.parent).latest().name == f"step_{INTERVAL:08d}.pt"
-    resume_and_compare(common, out_dir, "killed_in_save", straight)
+    run_until(proc, in_that_save, lambda: proc.send_signal(signal.SIGKILL))
+    folder = run_dir(out_dir, experiment) / "checkpoints"
+    assert (folder / f"step_{save * INTERVAL:08d}.tmp").exists()  # the torn write, under its temporary name
+    latest = CheckpointStore(folder.parent).latest()
+    assert (latest.name if latest else None) == (f"step_{INTERVAL:08d}.pt" if save == 2 else None)
+    out = resume_and_compare(common, out_dir, experiment, straight)
+    if save == 1:
+        assert "started over" in out and "the earlier run never saved a checkpoint" in out, out
 
 
 def _worker_pids(parent: int) -> dict[int, int]:
