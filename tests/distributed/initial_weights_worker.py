@@ -1,4 +1,5 @@
 """Worker (run under torchrun by test_layouts.py): under every tensor-parallel degree that divides the world size,
+and under DeepSpeed ZeRO-3 and the pipeline (2 stages, alone and with tensor parallelism),
 
 - the model each rank builds is exactly its slice of the single-process model, before and after an engine wraps it;
 - the monitors on those identical weights log the single-process tags, with the same values: spectral norms of the
@@ -29,12 +30,16 @@ def monitor_values(config, model, probe, dims=None, engine=None) -> dict[str, fl
     return {k: v for k, v in monitors.after_step(1).items() if not k.startswith("monitor/")}
 
 
-def disagreements(got: dict[str, float], want: dict[str, float]) -> list[str]:
+def disagreements(got: dict[str, float], want: dict[str, float], pipeline: bool = False) -> list[str]:
     if set(got) != set(want):
         return sorted(set(got) ^ set(want))[:5]
     bad = []
     for tag, value in want.items():
-        if tag.startswith("spectral/"):
+        if tag.startswith("spectral/") and pipeline:
+            # seen under the pipeline: fc_in's norm 1 float32 ulp (1.3e-7 relative) apart on identical weights, a
+            # difference in the order of the Gram product's sums that is not yet explained; 1e-6 is a few ulps
+            ok = math.isclose(got[tag], value, rel_tol=1e-6)
+        elif tag.startswith("spectral/"):
             ok = got[tag] == value
         elif tag.startswith("attn/L00/"):  # score matmuls of another batch shape may round the last bit otherwise
             ok = math.isclose(got[tag], value, rel_tol=1e-6)
@@ -59,21 +64,25 @@ def main() -> int:
     tokens = torch.randint(0, config.model.vocab_size, (2, 65), generator=torch.Generator().manual_seed(0))
     probe = (tokens[:, :-1], tokens[:, 1:])
     expected = monitor_values(config, single, probe) if base.rank == 0 else None
-    for tp in (t for t in (1, 2, 4) if world % t == 0 and config.model.n_head % t == 0):
-        config.parallel.tensor_parallel = tp
+    layouts = [(tp, 1, 0) for tp in (1, 2, 4) if world % tp == 0 and config.model.n_head % tp == 0]
+    layouts += [(1, 1, 3), (1, 2, 0), (2, 2, 0)] if world == 4 else []  # (tp, pp, zero_stage)
+    for tp, pp, zero_stage in layouts:
+        config.parallel.tensor_parallel, config.parallel.pipeline_parallel = tp, pp
+        config.parallel.zero_stage = zero_stage
         dims = parallel_dims.build(config.parallel, world, base.rank, base.local_rank, base.device)
         model, _, _ = build_model(config, dims)
         engine = build_engine(model, config, dims)
         full = gather_training_state(engine, dims)
         values = monitor_values(config, model, probe, dims, engine)
         if dims.is_logging_rank:
-            layout = f"tp={tp} x dp={dims.dp}"
+            layout = f"tp={tp} x dp={dims.dp}" + (f" x pp={pp}" if pp > 1 else "") + \
+                (f" zero{zero_stage}" if zero_stage else "")
             bad = [n for n, t in reference.items() if not torch.equal(full["model"][n], t)]
             if bad or set(full["model"]) != set(reference):
                 print(f"{layout}: differs from the single-process model in {bad or 'names'}", flush=True)
                 return 1
             print(f"{layout}: initial weights identical to the single-process model", flush=True)
-            bad = disagreements(values, expected)
+            bad = disagreements(values, expected, pipeline=pp > 1)
             if bad:
                 print(f"{layout}: monitors differ: {bad[:5]}", flush=True)
                 return 1

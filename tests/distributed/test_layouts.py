@@ -95,12 +95,16 @@ def agrees(tag: str, a: float, b: float, pipeline: bool = False) -> bool:
     if tag.startswith(("spectral/", "act/")) or tag.endswith("entropy"):
         return close(a, b, 1e-2)
     # Adam amplifies the last-bit differences of near-zero gradient entries into lr-sized weight differences, which
-    # the maximum of BF16-rounded scores and the count of near-tied rows (of 256) follow loosely; the precise check of
-    # these monitors is the one on identical weights (initial_weights_worker.py)
+    # the maximum of BF16-rounded scores follows loosely
     if tag.endswith("max_logit"):
         return close(a, b, 0.1)
+    # A tie rate counts rows whose top two scores lie within eps: a step function of the weights. Weights that differ
+    # by rounding can move any number of near-tied rows across eps (seen: 0.297 vs 0.422 under ZeRO-3 at step 5), so
+    # no tolerance follows from the arithmetic here. What a layout must keep equal, the statistic computed on the same
+    # weights, is checked exactly for every layout on identical weights (initial_weights_worker.py); here only its
+    # range is.
     if tag.endswith("tie_rate"):
-        return abs(a - b) <= 0.1
+        return 0.0 <= a <= 1.0
     # delta-bias sums and cosines are sums of last-bit rounding errors: their values are noise at this scale; only
     # the tags must match
     return tag.startswith("delta_bias/")
@@ -166,9 +170,10 @@ def test_resume_under_another_layout(reference, layout_run, common, out_dir, sou
 
 def test_initial_weights_and_monitors_match_the_single_process_model():
     out = launch([], nproc=4, module="tests.distributed.initial_weights_worker").stdout
-    for tp, dp in ((1, 4), (2, 2), (4, 1)):
-        assert f"tp={tp} x dp={dp}: initial weights identical" in out, out
-        assert f"tp={tp} x dp={dp}: monitors agree" in out, out
+    for layout in ("tp=1 x dp=4", "tp=2 x dp=2", "tp=4 x dp=1", "tp=1 x dp=4 zero3", "tp=1 x dp=2 x pp=2",
+                   "tp=2 x dp=1 x pp=2"):
+        assert f"{layout}: initial weights identical" in out, out
+        assert f"{layout}: monitors agree" in out, out
 
 
 @pytest.mark.parametrize("nproc, overrides, message", [
