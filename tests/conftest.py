@@ -1,4 +1,6 @@
-"""Shared fixtures. Tiers: tests/unit (CPU), tests/distributed (CPU, several gloo processes), tests/gpu (marked gpu)."""
+"""Shared fixtures. Tiers: tests/unit (CPU, in-process), tests/integration (subprocess runs of the launcher's tools),
+tests/distributed (CPU, several gloo processes), tests/slurm (jobs submitted to a SLURM started on this machine),
+tests/gpu (marked gpu; skipped without a CUDA GPU)."""
 
 import os
 import sys
