@@ -134,6 +134,21 @@ class MonitorConfig:
     """Keep iterating (up to 8x power_iterations) while the estimate still rises by more than this per step."""
     delta_bias_layers: Optional[list[int]] = None
     """Layers whose delta bias is measured; null means all layers."""
+    warning_layer: int = 1
+    """Layer (global index) watched by the early warning (tag warning/on; launcher/monitors/warning.py); the paper's
+    failing layer is 1. A layer the model does not have turns the warning off."""
+    warning_tie_rate: float = 0.10
+    """Warn when warning_layer's tie rate (attn/Lxx/tie_rate, mean over heads) is above this; 0 disables this part.
+    Provisional (not yet calibrated): diverging accelerated runs climbed from ~1% to 25-44%, stable ones stayed at 1-2%."""
+    warning_wq_growth: float = 2.0
+    """Warn when warning_layer's largest per-head W_Q spectral norm exceeds this factor x its value warning_window
+    steps earlier; 0 disables this part. Provisional: diverging accelerated runs went 6 -> 30 -> 70, stable ones ~15."""
+    warning_window: int = 500
+    """Steps over which warning_wq_growth is measured."""
+    warning_after_step: int = 200
+    """No warning before this step (tie rates and W_Q growth of the first steps and the warmup are not the failure)."""
+    warning_patience: int = 2
+    """Consecutive monitor steps on which a condition must hold before the warning turns on."""
 
 
 @dataclass
@@ -525,6 +540,10 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
     if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0 \
             or mon.power_tolerance < 0:
         problems.append("monitor intervals and power_tolerance must be >= 0, probe_batch_size and power_iterations > 0")
+    if mon.warning_tie_rate < 0 or mon.warning_wq_growth < 0 or mon.warning_window <= 0 or mon.warning_patience < 1 \
+            or mon.warning_layer < 0 or mon.warning_after_step < 0:
+        problems.append("monitor.warning_tie_rate and warning_wq_growth must be >= 0 (0 disables), warning_window > 0, "
+                        "warning_patience >= 1, warning_layer and warning_after_step >= 0")
     for layer in mon.delta_bias_layers or []:
         if not 0 <= layer < m.n_layer:
             problems.append(f"monitor.delta_bias_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
