@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import yaml
 
-from kernels.modes import FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
-from model.attention import BACKENDS, DELTA_SIGNS, AttentionConfig
+from kernels.modes import DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
+from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
 

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 AttentionFn = Callable[..., torch.Tensor]
 
 BACKENDS = ("auto", "triton", "reference", "sdpa")
-DELTA_SIGNS = ("kept", "random")
 
 
 @dataclass
