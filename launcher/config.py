@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any, Optional
 
 import yaml
 
-from kernels.modes import FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
+from kernels.modes import DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
@@ -499,6 +500,10 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                         f"({', '.join(map(str, KERNEL_HEAD_DIMS))}); for example set {fix}, or use "
                         "attention.backend=sdpa")
     problems += attention_problems(a, "attention")
+    if a.fix == "stochastic_output" and a.backend == "triton" and config.precision.dtype == "fp32":
+        problems.append("attention.fix=stochastic_output rounds O to BF16 and the Triton kernel takes BF16 inputs; set "
+                        "precision.dtype=bf16 (or auto), or attention.backend=reference (it rounds FP32 inputs to "
+                        "BF16)")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
     problems += _choice(config.precision.fp8_recipe, ("delayed", "current", "block"), "precision.fp8_recipe")
     if p.tensor_parallel < 1 or p.pipeline_parallel < 1:
@@ -561,9 +566,15 @@ def attention_problems(a: AttentionConfig, where: str) -> list[str]:
     problems = _choice(a.backend, BACKENDS, f"{where}.backend")
     problems += _choice(a.rounding, ROUNDINGS, f"{where}.rounding")
     problems += _choice(a.fix, FIXES, f"{where}.fix")
-    if a.backend == "sdpa" and (a.rounding, a.fix) != ("fa2", "none"):
-        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix} "
-                        "needs attention.backend=triton, reference or auto")
+    problems += _choice(a.delta_sign, DELTA_SIGNS, f"{where}.delta_sign")
+    if not (math.isfinite(a.delta_gain) and a.delta_gain >= 0):
+        problems.append(f"{where}.delta_gain={a.delta_gain} must be a finite number >= 0 (1.0: the mode's own "
+                        "numerics; 0: fix=fp32_output's delta)")
+    if a.backend == "sdpa" and ((a.rounding, a.fix) != ("fa2", "none") or a.stresses_delta):
+        # the message's start is matched by build_config (values every arm replaces)
+        stress = f", delta_gain={a.delta_gain:g}, delta_sign={a.delta_sign}" if a.stresses_delta else ""
+        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix}"
+                        f"{stress} needs attention.backend=triton, reference or auto")
     if a.fix.startswith("dynamic_max") and a.beta <= 1.0:
         problems.append(f"{where}.beta={a.beta} must be > 1 (the maximum is shifted by (beta - 1) x max)")
     if a.eps < 0:
@@ -602,6 +613,11 @@ def environment_problems(config: Config) -> list[str]:
     if config.attention.backend == "triton" and not on_gpu:
         problems.append("attention.backend=triton needs a CUDA GPU; use attention.backend=auto (the PyTorch reference "
                         "of the same numerics on CPU) or reference")
+    attention = config.attention
+    if attention.fix == "stochastic_output" and on_gpu and attention.backend == "auto" \
+            and config.precision.dtype == "fp32":
+        problems.append("attention.fix=stochastic_output on a GPU runs the Triton kernel, which takes BF16 inputs; set "
+                        "precision.dtype=bf16 (or auto)")
     if config.precision.fp8_ffn:
         if not on_gpu:
             problems.append("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on this machine")

@@ -41,6 +41,7 @@ from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
 from launcher.monitors.probe import run_probe
 from launcher.monitors.spectral import SpectralTracker
 from launcher.monitors.warning import EarlyWarning, WarningRule
+from model.attention import noise_keys
 
 __all__ = ["Monitors", "tags"]
 
@@ -95,6 +96,7 @@ class Monitors:
         self.active = self.dims.dp_rank == 0 or zero3
         self.rounding, self.fix = att.rounding, att.fix
         self.beta, self.eps, self.paper_block_keys = att.beta, att.eps, att.paper_block_keys
+        self.delta_gain, self.delta_sign, self.keyed = att.delta_gain, att.delta_sign, att.needs_noise_keys
         # the tile in which a repeated maximum matters for the run's numerics
         self.tie_tile = tie_tile_keys(att.rounding, att.paper_block_keys)
         # this rank's blocks by global layer index (a pipeline stage holds some of them)
@@ -340,9 +342,11 @@ class Monitors:
         local = {}
         for i in self.delta_layers:
             cap = probe.layers[i]
+            # the probe pass ran without row keys: its attention used those of row key 0 (model.attention.noise_keys)
+            keys = noise_keys(None, i, cap.q.shape[0], cap.q.device) if self.keyed else None
             out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
                                    self.fix, self.beta, self.eps, self.prev_error.get(i), self.head_offset,
-                                   self.n_head, self.paper_block_keys)
+                                   self.n_head, self.paper_block_keys, self.delta_gain, self.delta_sign, keys)
             cum = self.delta_cum.get(i)
             self.delta_cum[i] = out["sum"].clone() if cum is None else cum.to(out["sum"]) + out["sum"]
             self.prev_error[i] = out["error"].float()  # (heads, head_dim, d_model), rows of q_proj.weight per head
