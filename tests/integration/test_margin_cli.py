@@ -33,3 +33,39 @@ def test_margin_cli_two_arms(tmp_path):
     # the same command again: every arm is judged already, so nothing trains; the report is written again
     again = launch(args, module="launcher.margin", timeout=120).stdout
     assert "[margin] start" not in again and "[margin] report:" in again
+
+
+def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.runs import REPO, launcher_env
+
+    args = ["margin", *TINY, "run.max_steps=400", "run.log_interval=5", f"run.out_dir={tmp_path}", "run.experiment=m"]
+    log = tmp_path / "m" / "seed_1337" / "logs" / "paper-none_g1_kept.log"
+    with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and "step     10/" in log.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the arm never logged step 10"
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "the same command resumes" in out
+    state = json.loads((tmp_path / "m" / "margin_state.json").read_text())
+    assert {a["status"] for a in state["arms"].values()} == {"interrupted"}, state
+    # the same command resumes the arms from the checkpoints they saved (stopped again at once: only the resume
+    # is checked here; a run that is complete is skipped, see test_margin_cli_two_arms)
+    with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while "resumed from" not in (log.read_text() if log.is_file() else ""):
+            assert time.monotonic() < deadline and proc.poll() is None, "the arm did not resume"
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130
