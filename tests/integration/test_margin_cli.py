@@ -29,7 +29,12 @@ def test_margin_cli_two_arms(tmp_path):
     assert "| paper-none_g1_kept | 1337 |" in table and "| paper-fp32_output | 1337 |" in table
     state = json.loads((tmp_path / "m" / "margin_state.json").read_text())
     assert {a["status"] for a in state["arms"].values()} == {"survived"}
-    assert (tmp_path / "m" / "seed_1337" / "paper-none_g1_kept" / "checkpoints").is_dir()
+    arm = tmp_path / "m" / "seed_1337" / "paper-none_g1_kept"
+    assert (arm / "checkpoints").is_dir()
+    from launcher.compare import load_scalars
+    from launcher.monitors import tags
+
+    assert tags.WARNING in load_scalars(arm)  # the early-warning flag is logged by every run's monitors
     # the same command again: every arm is judged already, so nothing trains; the report is written again
     again = launch(args, module="launcher.margin", timeout=120).stdout
     assert "[margin] start" not in again and "[margin] report:" in again
