@@ -95,6 +95,9 @@ class MarginConfig:
     so far is the loss reference (and the gradient rule waits)."""
     progress_seconds: float = 30.0
     """Print a progress line (arms done / diverged / running, ETA) every this many seconds."""
+    max_minutes: float = 0.0
+    """Wall-clock limit of this invocation (0: none): when it is spent, every running arm saves a checkpoint and
+    stops, and the command exits with status 130; the same command continues. For fixed-length allocations."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -214,7 +217,7 @@ def margin_problems(m: MarginConfig) -> list[str]:
     if m.processes < 1:
         problems.append(f"margin.processes={m.processes} must be >= 1")
     for name in ("budget_minutes", "step_seconds", "startup_seconds", "arm_memory_gb", "grad_factor",
-                 "progress_seconds"):
+                 "progress_seconds", "max_minutes"):
         if not getattr(m, name) >= 0:
             problems.append(f"margin.{name}={getattr(m, name)} must be >= 0")
     if not m.loss_margin > 0:
@@ -634,6 +637,9 @@ class Runner:
                 if arm.get("status") == "running":
                     arm["status"] = "interrupted"
             while True:
+                if m.max_minutes and not self.stop_requested and time.monotonic() - self.started > 60 * m.max_minutes:
+                    print(f"[margin] margin.max_minutes={m.max_minutes:g} spent", flush=True)
+                    on_signal(signal.SIGTERM, None)
                 self._judge_running()
                 self._reap()
                 if not self.stop_requested:
@@ -657,6 +663,10 @@ class Runner:
         if self.stop_requested:
             print("[margin] interrupted: the same command resumes the unfinished arms", flush=True)
             return 130
+        failed = [k for k in self.plan.arms if self.status_of(k) == "failed"]
+        if failed:
+            print(f"[margin] {len(failed)} arm(s) failed (see their logs): {', '.join(failed)}", flush=True)
+            return 1
         return 0
 
 
@@ -731,6 +741,7 @@ def prepare(recipe: str, overrides: list[str]) -> tuple[Plan, dict[int, dict], P
     if problem:
         raise ConfigError(problem)
     base = build_config({k: v for k, v in tree.items() if k != "margin"})  # the run sections, before the grid
+    _check_data(base)
     experiment_dir = Path(base.run.out_dir) / base.run.experiment
     trees = {seed: seed_tree(tree, plan, seed, experiment_dir) for seed in margin.seeds}
     first = None
@@ -778,7 +789,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         _prepare_embedded_data(first)
         runner = Runner(plan, trees, experiment_dir, steps, first.run.log_interval)
         rc = runner.run()
-        if rc == 0:
+        if rc != 130:
             write_report(experiment_dir, plan, first)
         return rc
     except ConfigError as err:
@@ -798,6 +809,17 @@ def check_same_recipe(experiment_dir: Path, trees: dict[int, dict]) -> None:
         if changed:
             raise ConfigError(f"{experiment_dir} holds a margin run of another recipe (sections {', '.join(changed)} "
                               "differ); use another run.experiment, or delete that folder to start over")
+
+
+def _check_data(config) -> None:
+    """Every arm reads the same prepared data: name a missing folder once, before any arm starts."""
+    from launcher.prepare_data import EMBEDDED_DATA_DIR
+
+    data_dir = Path(config.data.data_dir)
+    if data_dir != Path(EMBEDDED_DATA_DIR) and not (data_dir / "meta.json").is_file():
+        raise ConfigError(f"data.data_dir={data_dir} holds no prepared data (meta.json); prepare it with "
+                          f"`python -m launcher.prepare_data --source FILES --out {data_dir}` (recipes/margin.yaml "
+                          "says how for the dictionary text), or set data.data_dir")
 
 
 def _prepare_embedded_data(config) -> None:
