@@ -77,6 +77,8 @@ TOL = {torch.bfloat16: {"fa2": 6e-3, "paper": 1.2e-2}, torch.float16: {"fa2": 8e
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
 def test_kernel_matches_reference_and_fp64(rounding, fix, causal, dtype, seed):
+    if fix == "stochastic_output" and dtype == torch.float16:
+        pytest.skip("stochastic_output is bf16 only (fp16 inputs are refused: see test_stochastic_output_refuses_fp16)")
     seq = int(torch.randint(65, 131, (1,)))  # ragged tail, two or three key tiles
     q = torch.randn(1, 2, seq, 64).to(dtype).requires_grad_()
     k, v = (torch.randn(1, 2, seq, 64).to(dtype).requires_grad_() for _ in range(2))
