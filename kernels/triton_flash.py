@@ -888,7 +888,7 @@ class _Launch:
 def _keys_arg(nm: Numerics, noise_keys, bsz: int, device) -> torch.Tensor:
     """The noise keys a launch reads: the given keys (contiguous), zeros for None, an empty tensor where unused."""
     if not nm.needs_noise_keys:
-        return _new((0,), torch.int64, device)
+        return torch.empty(0, dtype=torch.int64, device=device)  # never read (the launch's FIX / RANDOM)
     if noise_keys is None:
         return torch.zeros(bsz, dtype=torch.int64, device=device)
     return noise_keys.contiguous()
