@@ -40,8 +40,8 @@ class AttentionConfig:
     """Bias fix: none; dynamic_max (bounded, per-row shift of the softmax maximum when it repeats: the safe
     default); dynamic_max_published (the paper's rule as the authors run it: where it underflows, their row-sum
     clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O); stochastic_output (O rounded to BF16
-stochastically from the FP32 O, unbiased, keyed per row, head, position and channel; needs BF16 attention inputs:
-precision.dtype=bf16, or the reference backend, which rounds FP32 inputs to BF16)."""
+    stochastically from the FP32 O, unbiased, keyed per row, head, position and channel; needs BF16 attention
+    inputs: precision.dtype=bf16, or the reference backend, which rounds FP32 inputs to BF16)."""
     paper_block_keys: int = 512
     """Keys per tile of rounding=paper: the running O and row sum are rounded to BF16 once per tile, and the fixes
     look for repeated maxima per tile. 512 as in the authors' code; 0 puts the whole row in one tile (the paper's
