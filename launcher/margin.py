@@ -636,6 +636,8 @@ class Runner:
             for key, arm in self.state["arms"].items():  # an earlier invocation stopped mid-run
                 if arm.get("status") == "running":
                     arm["status"] = "interrupted"
+                if key in self.plan.arms and key not in self.curves:  # their curves count in the medians
+                    self.curves[key] = self._load_curves(key)
             while True:
                 if m.max_minutes and not self.stop_requested and time.monotonic() - self.started > 60 * m.max_minutes:
                     print(f"[margin] margin.max_minutes={m.max_minutes:g} spent", flush=True)
