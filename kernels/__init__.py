@@ -3,7 +3,8 @@
 ``flash_attention`` runs the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1, for tests);
 ``reference_attention`` is the PyTorch implementation of the same tiling and rounding points (CPU training path and
 ground truth); ``saved_output`` returns the O that the backward uses for delta = rowsum(dO * O). Modes: ``rounding``
-in ROUNDINGS x ``fix`` in FIXES; see docs/attention-kernel.md.
+in ROUNDINGS x ``fix`` in FIXES; the delta-error stress ``delta_gain`` / ``delta_sign`` (DELTA_SIGNS) and the noise
+keys (``kernels.rounding.row_keys`` / ``layer_keys``); see docs/attention-kernel.md.
 
 The Triton module is imported on first use, so that importing ``kernels`` needs no GPU and so that a test can set
 TRITON_INTERPRET=1 before the kernels are defined.
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels.modes import FIXES, PAPER_BLOCK_KEYS, ROUNDINGS
+from kernels.modes import DELTA_SIGNS, FIXES, PAPER_BLOCK_KEYS, ROUNDINGS
 from kernels.reference import reference_attention, reference_saved_output
+from kernels.rounding import layer_keys, mix32, row_keys
 
-__all__ = ["ROUNDINGS", "FIXES", "flash_attention", "reference_attention", "saved_output"]
+__all__ = ["ROUNDINGS", "FIXES", "DELTA_SIGNS", "flash_attention", "reference_attention", "saved_output", "mix32",
+           "row_keys", "layer_keys"]
 
 BACKENDS = ("reference", "triton")
 
@@ -24,40 +27,54 @@ BACKENDS = ("reference", "triton")
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
                     fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
                     paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
-                    total_heads: int = 0) -> torch.Tensor:
+                    total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
+                    noise_keys: torch.Tensor | None = None) -> torch.Tensor:
     """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
 
     q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
     (grouped-query attention). Returns O in the input dtype. ``rounding``: fa2 | paper; ``fix``: none |
     dynamic_max (safe, default fix) | dynamic_max_published (the paper's rule; where it underflows, the authors'
-    row-sum clamp zeroes the row) | fp32_output (delta from an FP32 O). ``beta`` and ``eps`` parametrise the
+    row-sum clamp zeroes the row) | fp32_output (delta from an FP32 O) | stochastic_output (O stochastically
+    rounded to bf16 from the FP32 O in the forward epilogue; bf16 only). ``beta`` and ``eps`` parametrise the
     published rule. ``paper_block_keys``: keys per rounding tile of rounding=paper (512 as in the authors' code, 0:
     the whole row as in the paper's analysis; a power of two >= 64 otherwise); ignored by rounding=fa2.
 
     ``head_offset``, ``total_heads`` (tensor parallelism): q's head h is the model's head ``head_offset + h`` of
-    ``total_heads`` (0 means q.shape[1], no sharding). Head-dependent numerics (the safe fix's per-row shift) use
-    this global index, so the result does not depend on how the heads are split over ranks.
+    ``total_heads`` (0 means q.shape[1], no sharding). Head-dependent numerics (the safe fix's per-row shift, the
+    noise hash) use this global index, so the result does not depend on how the heads are split over ranks.
+
+    ``delta_gain``, ``delta_sign`` (stress test of the delta error): the backward uses
+    delta = delta_fp32 + delta_gain * s * (delta_mode - delta_fp32), delta_mode = rowsum(dO * O_mode) (the O the mode
+    saves), delta_fp32 = rowsum(dO * O_fp32) (the FP32 O of fp32_output); s = +1 (``"kept"``) or +-1 per (row key,
+    global head, query position) (``"random"``). delta_gain=1 with "kept" is exactly the mode's own code path.
+    ``noise_keys``: int64 (batch,), one key per batch row (``kernels.rounding.layer_keys``; None: 0 for every row),
+    used by stochastic_output and random signs only.
     """
     from kernels import triton_flash
 
     return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
-                                        head_offset=head_offset, total_heads=total_heads)
+                                        head_offset=head_offset, total_heads=total_heads, delta_gain=delta_gain,
+                                        delta_sign=delta_sign, noise_keys=noise_keys)
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",
                  fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference",
-                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
-    """The O tensor that the backward uses for delta = rowsum(dO * O) in this mode (forward only, no graph).
+                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0,
+                 delta_gain: float = 1.0, delta_sign: str = "kept",
+                 noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """The O tensor whose rowsum(dO * O) is the backward's delta in this mode (forward only, no graph).
 
-    LP O (input dtype; bf16 for FP32 inputs on the reference backend), or the FP32 O for fix=fp32_output.
-    ``paper_block_keys``, ``head_offset`` and ``total_heads`` as in ``flash_attention``.
+    LP O (input dtype; bf16 for FP32 inputs on the reference backend), the stochastically rounded O for
+    fix=stochastic_output, or the FP32 O for fix=fp32_output. On the amplified delta path (delta_gain != 1 or
+    delta_sign="random") the FP32 O_fp32 + delta_gain * s * (O_mode - O_fp32): delta is linear in O, so its delta is
+    the backward's up to the FP32 rounding of the sums. Other arguments as in ``flash_attention``.
     """
+    kw = dict(paper_block_keys=paper_block_keys, head_offset=head_offset, total_heads=total_heads,
+              delta_gain=delta_gain, delta_sign=delta_sign, noise_keys=noise_keys)
     if backend == "reference":
-        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
-                                      head_offset=head_offset, total_heads=total_heads)
+        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps, **kw)
     if backend == "triton":
         from kernels import triton_flash
 
-        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
-                                         head_offset=head_offset, total_heads=total_heads)
+        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, **kw)
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +11,8 @@ import torch
 from kernels.rounding import LOG2E
 
 ROUNDINGS = ("fa2", "paper")
-FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output")
+FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output", "stochastic_output")
+DELTA_SIGNS = ("kept", "random")  # sign of the amplified delta error (delta_gain): as computed, or +-1 per row
 HEAD_DIMS = (16, 32, 64, 128)  # head sizes the kernel (and its reference) supports
 
 # rounding=paper rounds the running O and l to LP once per tile of this many keys (the authors' code: 512);
@@ -20,8 +22,8 @@ PAPER_BLOCK_KEYS = 512
 ROW_SUM_FLOOR = 1e-10
 
 # Integer codes of the fixes inside the kernel (constexpr) and the reference.
-FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT = range(4)
-FIX_CODE = dict(zip(FIXES, range(4)))
+FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT, FIX_STOCHASTIC = range(5)
+FIX_CODE = dict(zip(FIXES, range(5)))
 
 # Safe dynamic_max counts as tied every score whose P_bar would round to exactly 1 next to the maximum: within
 # ln(1 / (1 - 2^-9)) ~ 0.00196 (bf16) or ~0.00024 (fp16) of it. The published eps = 1e-3 misses part of the bf16 band,
@@ -80,10 +82,33 @@ class Numerics:
     beta: float
     eps_cmp: float  # tie tolerance in the max domain (widened for dynamic_max)
     paper_tile: int  # keys per rounding tile of rounding=paper (0: the whole row); 0 for rounding=fa2
+    delta_gain: float = 1.0  # FP32; delta = delta_fp32 + gain * s * (delta_mode - delta_fp32)
+    delta_random: bool = False  # s = +-1 per row from the noise hash (else s = +1)
+
+    @property
+    def amplified(self) -> bool:
+        """The delta-error stress path (delta_gain != 1 or random signs): it needs the FP32 O besides the mode's O.
+        False is exactly the mode's own code path."""
+        return self.delta_gain != 1.0 or self.delta_random
+
+    @property
+    def stochastic(self) -> bool:
+        return self.fix == FIX_STOCHASTIC
 
     @property
     def keeps_fp32_output(self) -> bool:
-        return self.fix == FIX_FP32_OUTPUT
+        """The forward stores the FP32 normalised O (fp32_output's O, or delta_fp32 of the amplified path)."""
+        return self.fix == FIX_FP32_OUTPUT or self.amplified
+
+    @property
+    def shadow(self) -> bool:
+        """rounding=paper keeps an FP32 shadow accumulation: the FP32 O of fp32_output, of the amplified path's
+        delta_fp32, and the value that stochastic_output rounds."""
+        return self.paper and (self.keeps_fp32_output or self.stochastic)
+
+    @property
+    def needs_noise_keys(self) -> bool:
+        return self.stochastic or self.delta_random
 
 
 def paper_block_keys_problem(paper_block_keys) -> str | None:
@@ -97,7 +122,7 @@ def paper_block_keys_problem(paper_block_keys) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype,
-              paper_block_keys: int) -> Numerics:
+              paper_block_keys: int, delta_gain: float = 1.0, delta_sign: str = "kept") -> Numerics:
     paper = rounding == "paper"
     sm_scale = _fp32(head_dim**-0.5)
     if fix == "dynamic_max":
@@ -113,7 +138,31 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
         beta=_fp32(beta),
         eps_cmp=_fp32(eps if paper else eps / sm_scale),
         paper_tile=paper_block_keys if paper else 0,
+        delta_gain=_fp32(delta_gain),
+        delta_random=delta_sign == "random",
     )
+
+
+def check_delta_args(delta_gain, delta_sign) -> None:
+    """Validate the delta-error stress arguments (``delta_gain``, ``delta_sign``)."""
+    if isinstance(delta_gain, bool) or not isinstance(delta_gain, (int, float)) or not math.isfinite(delta_gain):
+        raise ValueError(f"delta_gain={delta_gain!r} must be a finite number (1.0: the mode's own delta)")
+    if delta_sign not in DELTA_SIGNS:
+        raise ValueError(f"delta_sign={delta_sign!r} is not one of {DELTA_SIGNS}")
+
+
+def check_noise_keys(noise_keys, batch: int, device: torch.device) -> None:
+    """``noise_keys``: None (key 0 for every row) or an int64 tensor (batch,) on q's device, one key per batch row
+    (values are used modulo 2**32; build them with kernels.rounding.row_keys / layer_keys)."""
+    if noise_keys is None:
+        return
+    if not isinstance(noise_keys, torch.Tensor):
+        raise TypeError(f"noise_keys must be an int64 tensor of shape ({batch},) or None; got {type(noise_keys)}")
+    if noise_keys.dtype != torch.int64 or tuple(noise_keys.shape) != (batch,):
+        raise ValueError(f"noise_keys must be int64 of shape ({batch},) (one key per batch row of this call); got "
+                         f"{noise_keys.dtype} {tuple(noise_keys.shape)}")
+    if noise_keys.device != device:
+        raise ValueError(f"noise_keys is on {noise_keys.device} but q on {device}: move the keys to q's device")
 
 
 def check_heads(heads: int, head_offset: int = 0, total_heads: int = 0) -> int:
@@ -143,9 +192,11 @@ def check_heads(heads: int, head_offset: int = 0, total_heads: int = 0) -> int:
 
 def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str, fix: str, beta: float, eps: float,
                allowed_dtypes: tuple[torch.dtype, ...], head_offset: int = 0, total_heads: int = 0,
-               paper_block_keys: int = PAPER_BLOCK_KEYS) -> Numerics:
-    """Validate shapes, dtypes, mode names, the paper tile size and the global head numbering (``check_heads``);
-    return the FP32 scalars of the mode. Errors say what to change."""
+               paper_block_keys: int = PAPER_BLOCK_KEYS, delta_gain: float = 1.0, delta_sign: str = "kept",
+               noise_keys: torch.Tensor | None = None) -> Numerics:
+    """Validate shapes, dtypes, mode names, the paper tile size, the global head numbering (``check_heads``), the
+    delta-error stress arguments and the noise keys; return the FP32 scalars of the mode. Errors say what to
+    change."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
     if fix not in FIXES:
@@ -175,4 +226,10 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
     if problem:
         raise ValueError(problem)
     check_heads(h, head_offset, total_heads)
-    return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype, paper_block_keys)
+    if fix == "stochastic_output" and q.dtype == torch.float16:
+        raise ValueError("fix='stochastic_output' rounds O to bf16 (16 random bits below the bf16 mantissa): use bf16 "
+                         "inputs, or another fix for fp16")
+    check_delta_args(delta_gain, delta_sign)
+    check_noise_keys(noise_keys, b, q.device)
+    return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype, paper_block_keys, float(delta_gain),
+                     delta_sign)

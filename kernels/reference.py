@@ -19,8 +19,12 @@ Rounding points per mode (LP = input dtype, bf16 or fp16):
   O = LP(LP(O * alpha) + tile product); finally O = LP(O / l); LSE = m + log(l) in FP32.
 
 Fixes change the per-tile, per-row maximum m (see ``_tile_max``) or, for ``fp32_output``, what the backward uses
-for delta; the published rule also clamps each tile's row sum at ROW_SUM_FLOOR, as the authors' code does. The
-backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved).
+for delta; the published rule also clamps each tile's row sum at ROW_SUM_FLOOR, as the authors' code does.
+``stochastic_output`` replaces the final rounding of O by stochastic rounding to bf16 of the FP32 O (for paper: of
+the FP32 shadow accumulation), keyed by (noise key of the batch row, global head, query position, channel). The
+backward is the flash backward: P recomputed from the saved LSE, delta = rowsum(dO * O_saved); the delta-error
+stress (``delta_gain`` != 1 or ``delta_sign="random"``) replaces it by delta_fp32 + gain * s * (delta - delta_fp32)
+with delta_fp32 = rowsum(dO * O_fp32) of the same forward.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import math
 
 import torch
 
-from kernels.modes import FIX_PUBLISHED, FIX_SAFE, PAPER_BLOCK_KEYS, ROW_SUM_FLOOR, Numerics, check_args, check_heads
-from kernels.rounding import LN2, LOG2E, round_lp, safe_shift
+from kernels.modes import FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, PAPER_BLOCK_KEYS, ROW_SUM_FLOOR, Numerics, check_args, check_heads
+from kernels.rounding import LN2, LOG2E, delta_signs, round_lp, safe_shift, stochastic_bf16
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POISON_OUTPUTS = False  # tests set this: gradient buffers filled tile by tile start NaN-filled
@@ -84,16 +88,19 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 @torch.no_grad()
 def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, nm: Numerics, block_n: int,
-                 kv_len: int | None = None, *, head_offset: int = 0, total_heads: int = 0):
+                 kv_len: int | None = None, *, head_offset: int = 0, total_heads: int = 0,
+                 noise_keys: torch.Tensor | None = None):
     """Tiled forward on LP tensors (k, v already expanded to q's heads); tiles of ``block_n`` keys for rounding=fa2,
     of ``nm.paper_tile`` keys (0: the whole row) for rounding=paper.
 
     q's head h is the model's head ``head_offset + h`` of ``total_heads`` (0: q.shape[1]); the safe fix's hash uses
     that global index, so a slice of the heads gives the same bits as the whole (tensor parallelism).
 
-    Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output only) is the
-    normalised output without its final rounding; for rounding=paper it is a shadow FP32 accumulation of the same
-    per-tile products (before their rounding) with FP32 row sums. ``kv_len`` (testing only) masks keys >= kv_len.
+    Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output and the amplified
+    delta path, ``nm.keeps_fp32_output``) is the normalised output without its final rounding; for rounding=paper it
+    is a shadow FP32 accumulation of the same per-tile products (before their rounding) with FP32 row sums.
+    fix=stochastic_output: O = SR_bf16 of that FP32 O, keyed by ``noise_keys`` (batch,) (None: 0 for every row), the
+    global head and the query position and channel. ``kv_len`` (testing only) masks keys >= kv_len.
     Fully masked rows give O = 0 and LSE = -inf. A row whose every P_bar underflows (the published rule at a large
     repeated maximum) has l = ROW_SUM_FLOOR from the clamp and O = 0, as in the authors' code.
     """
@@ -109,7 +116,7 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     l_i = torch.zeros(bsz, heads, seq, device=dev)
     m_i = torch.full((bsz, heads, seq), float("-inf"), device=dev)
     seen_max = m_i.clone()  # raw row maximum of the tiles so far (the safe fix's cross-tile trigger in fa2)
-    shadow = nm.paper and nm.keeps_fp32_output
+    shadow = nm.shadow
     if shadow:
         acc32, l32 = torch.zeros_like(acc), torch.zeros_like(l_i)
     limit = seq if kv_len is None else kv_len
@@ -145,33 +152,37 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
             acc = acc * alpha.unsqueeze(-1) + round_lp(p, lp) @ vt
         m_i = m_new
     l_div = torch.where(l_i == 0, torch.ones_like(l_i), l_i)  # fully masked rows only: O = 0
-    o32 = acc / l_div.unsqueeze(-1)
-    out = round_lp(o32, lp).to(lp)
+    o_div = acc / l_div.unsqueeze(-1)
+    o32 = acc32 / torch.where(l32 == 0, torch.ones_like(l32), l32).unsqueeze(-1) if shadow else o_div
+    if nm.stochastic:  # the value rounded: the FP32 O (paper: its FP32 shadow), not the LP-accumulated one
+        out = stochastic_bf16(o32, noise_keys, head_offset).to(lp)
+    else:
+        out = round_lp(o_div, lp).to(lp)
     if nm.paper:
         lse = m_i + torch.log2(l_i) * LN2
     else:
         lse = (m_i * nm.exp_scale + torch.log2(l_i)) * LN2
     if not nm.keeps_fp32_output:
         return out, lse, None
-    if shadow:
-        o32 = acc32 / torch.where(l32 == 0, torch.ones_like(l32), l32).unsqueeze(-1)
     return out, lse, o32
 
 
 @torch.no_grad()
 def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor, lse: torch.Tensor,
-                  d_out: torch.Tensor, causal: bool, nm: Numerics, block_n: int):
+                  d_out: torch.Tensor, causal: bool, nm: Numerics, block_n: int, *, o32: torch.Tensor | None = None,
+                  noise_keys: torch.Tensor | None = None, head_offset: int = 0):
     """Flash backward on LP tensors (k, v expanded to q's heads): returns FP32 dq, dk, dv.
 
     P = exp(S - LSE) is recomputed per key tile (S = LP(LP(q.k) * scale) for rounding=paper, as in the forward; the
     paper tile size changes no bit of the backward);
-    delta = rowsum(dO * O_saved) in FP32; dS = P * (dP - delta) with dP = dO V^T; P and dS are rounded to LP
+    delta = rowsum(dO * O_saved) in FP32 (``delta_of``, with the amplified path's delta_fp32 from ``o32``);
+    dS = P * (dP - delta) with dP = dO V^T; P and dS are rounded to LP
     as MMA operands: dV = LP(P)^T dO, dQ = scale * LP(dS) K, dK = scale * LP(dS)^T Q.
     """
     lp = q.dtype
     seq = q.shape[2]
     qf, kf, vf, dof = q.float(), k.float(), v.float(), d_out.to(lp).float()
-    delta = (dof * o_saved.float()).sum(-1, keepdim=True)
+    delta = delta_of(dof, o_saved, nm, o32, noise_keys, head_offset).unsqueeze(-1)
     lse_s = (lse * LOG2E if not nm.paper else lse).unsqueeze(-1)
     rows = torch.arange(seq, device=q.device).view(1, 1, seq, 1)
     dq = torch.zeros_like(qf)
@@ -196,9 +207,29 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     return dq * nm.sm_scale, dk * nm.sm_scale, dv
 
 
-def _prepare(q, k, v, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS):
+def delta_of(dof: torch.Tensor, o_mode: torch.Tensor, nm: Numerics, o32: torch.Tensor | None = None,
+             noise_keys: torch.Tensor | None = None, head_offset: int = 0) -> torch.Tensor:
+    """delta (batch, heads, seq) in FP32 from FP32 dO: rowsum(dO * O_mode), or on the amplified path (delta_gain != 1
+    or random signs) delta_fp32 + gain * s * (delta_mode - delta_fp32) with delta_fp32 = rowsum(dO * o32), s = +1
+    (kept) or +-1 per (noise key, global head, position) (random). Every operation is one FP32 rounding (s * gain is
+    exact), as in the kernel's delta launch."""
+    delta = (dof * o_mode.float()).sum(-1)
+    if not nm.amplified:
+        return delta
+    if o32 is None:
+        raise ValueError("the amplified delta path needs the FP32 O of the forward (o32)")
+    delta32 = (dof * o32.float()).sum(-1)
+    gain = torch.full_like(delta32, nm.delta_gain)
+    if nm.delta_random:
+        gain = gain * delta_signs(delta32.shape, noise_keys, head_offset, delta32.device)
+    return delta32 + gain * (delta - delta32)
+
+
+def _prepare(q, k, v, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS,
+             delta_gain=1.0, delta_sign="kept", noise_keys=None):
     """Check arguments; FP32 inputs are rounded to bf16 (emulating BF16 autocast). Returns (q, k, v, Numerics)."""
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES, head_offset, total_heads, paper_block_keys)
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES, head_offset, total_heads, paper_block_keys,
+                    delta_gain, delta_sign, noise_keys)
     if q.dtype == torch.float32:
         q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     return q, k, v, nm
@@ -219,36 +250,44 @@ class _ReferenceAttention(torch.autograd.Function):
     """Autograd wrapper: the forward saves LSE and the O that delta uses; the backward is the flash backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads, paper_block_keys):
+    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads, paper_block_keys,
+                delta_gain, delta_sign, noise_keys):
         in_dtype = q.dtype
         heads = q.shape[1]
-        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
+        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
+                                  delta_gain, delta_sign, noise_keys)
         with _no_autocast(q):
             out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
-                                         head_offset=head_offset, total_heads=total_heads)
-        ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse)
-        ctx.args = (causal, nm, block_n, in_dtype)
+                                         head_offset=head_offset, total_heads=total_heads, noise_keys=noise_keys)
+        if nm.amplified:  # delta_mode from the mode's O (the FP32 O for fp32_output), delta_fp32 from o32
+            o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
+            ctx.save_for_backward(ql, kl, vl, o_mode, lse, o32, noise_keys)
+        else:
+            ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse, None, None)
+        ctx.args = (causal, nm, block_n, in_dtype, head_offset)
         return out.to(in_dtype)
 
     @staticmethod
     def backward(ctx, d_out):
-        ql, kl, vl, o_saved, lse = ctx.saved_tensors
-        causal, nm, block_n, in_dtype = ctx.args
+        ql, kl, vl, o_saved, lse, o32, noise_keys = ctx.saved_tensors
+        causal, nm, block_n, in_dtype, head_offset = ctx.args
         heads, kv_heads = ql.shape[1], kl.shape[1]
         with _no_autocast(ql):
             dq, dk, dv = backward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), o_saved, lse,
-                                       d_out.contiguous(), causal, nm, block_n)
+                                       d_out.contiguous(), causal, nm, block_n, o32=o32, noise_keys=noise_keys,
+                                       head_offset=head_offset)
         if kv_heads != heads:
             bsz, _, seq, dim = dk.shape
             dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
             dv = dv.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
-        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), *([None] * 9)
+        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), *([None] * 12)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                         rounding: str = "fa2", fix: str = "none", beta: float = 2.0, eps: float = 1e-3,
                         block_m: int = 64, block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS,
-                        head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
+                        head_offset: int = 0, total_heads: int = 0, delta_gain: float = 1.0,
+                        delta_sign: str = "kept", noise_keys: torch.Tensor | None = None) -> torch.Tensor:
     """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable.
 
     q, k, v: (batch, heads, seq, head_dim) in bf16, fp16 or fp32; k/v may have fewer heads (grouped-query).
@@ -259,22 +298,41 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     row), the same in kernel and reference; ignored by rounding=fa2.
     ``head_offset``, ``total_heads``: q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]),
     for tensor parallelism; the safe fix hashes the global index, so a head slice matches the whole call bit for bit.
+    ``delta_gain``, ``delta_sign``, ``noise_keys``: the delta-error stress and the noise keys of
+    fix=stochastic_output and random signs (see ``kernels.flash_attention``).
     """
     _check_blocks(block_m, block_n)
     return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads,
-                                     paper_block_keys)
+                                     paper_block_keys, delta_gain, delta_sign, noise_keys)
+
+
+def effective_output(out: torch.Tensor, o32: torch.Tensor | None, nm: Numerics,
+                     noise_keys: torch.Tensor | None = None, head_offset: int = 0) -> torch.Tensor:
+    """The O whose rowsum(dO * O) is the backward's delta: the mode's O (LP, SR'd for stochastic_output, FP32 for
+    fp32_output) or, on the amplified path, O_fp32 + gain * s * (O_mode - O_fp32) in FP32 (delta is linear in O, so
+    its delta equals the backward's up to the FP32 rounding of the sums)."""
+    if not nm.amplified:
+        return out if o32 is None else o32
+    o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out.float()
+    gain = torch.full(o32.shape[:-1], nm.delta_gain, device=o32.device)
+    if nm.delta_random:
+        gain = gain * delta_signs(o32.shape[:-1], noise_keys, head_offset, o32.device)
+    return o32 + gain.unsqueeze(-1) * (o_mode - o32)
 
 
 def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3,
                            block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
-                           total_heads: int = 0) -> torch.Tensor:
-    """The O that the reference backward uses for delta (LP O, or the FP32 O for fix=fp32_output)."""
+                           total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
+                           noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """The O that the reference backward uses for delta (``effective_output``): LP O, the SR'd O for
+    stochastic_output, the FP32 O for fix=fp32_output, the FP32 effective O of the amplified delta path."""
     heads = q.shape[1]
-    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
+    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
+                              delta_gain, delta_sign, noise_keys)
     with _no_autocast(q):
         out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
-                                   head_offset=head_offset, total_heads=total_heads)
-    return out if o32 is None else o32
+                                   head_offset=head_offset, total_heads=total_heads, noise_keys=noise_keys)
+        return effective_output(out, o32, nm, noise_keys, head_offset)
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:

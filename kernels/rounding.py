@@ -65,11 +65,126 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(exponent - 7)
 
 
-def _mix32(key: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser on int64 tensors (values in [0, 2^32)); the kernel has the same steps."""
-    key = (((key >> 16) ^ key) * _MIX_MULT) & _MASK32
-    key = (((key >> 16) ^ key) * _MIX_MULT) & _MASK32
-    return (key >> 16) ^ key
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (two multiply-xorshift rounds, a bijection of [0, 2^32)) on int64 tensors with
+    values in [0, 2^32); returns int64 in [0, 2^32). The kernel runs the same steps in uint32 (``_mix32``)."""
+    x = (((x >> 16) ^ x) * _MIX_MULT) & _MASK32
+    x = (((x >> 16) ^ x) * _MIX_MULT) & _MASK32
+    return (x >> 16) ^ x
+
+
+_mix32 = mix32  # the name safe_shift has always used
+
+
+def _mix32_int(x: int) -> int:
+    """``mix32`` of one Python int (the scalar part of ``row_keys``, computed on the host)."""
+    x &= _MASK32
+    x = (((x >> 16) ^ x) * _MIX_MULT) & _MASK32
+    x = (((x >> 16) ^ x) * _MIX_MULT) & _MASK32
+    return (x >> 16) ^ x
+
+
+# Noise keys (delta_sign="random", fix="stochastic_output"). Every field is folded in as mix32(h + (x + 1) * C):
+# the + 1 keeps an all-zero input away from mix32's fixed point 0, distinct odd C per field keep fields apart.
+_SEED_MULT = 0x2C1B3C6D
+_STEP_MULT = 0x297A2D39
+_KEY_ROW_MULT = 0x9E3779B1
+_LAYER_MULT = 0x7FEB352D
+_HEAD_MULT = 0x85EBCA77
+_POS_MULT = 0xC2B2AE3D
+_CHANNEL_MULT = 0x27D4EB2F
+_SIGN_SALT = 0x68E31DA4
+_LOW16 = 0xFFFF
+
+
+def _fold_int(h: int, x: int, mult: int) -> int:
+    return _mix32_int(h + ((x + 1) * mult))
+
+
+def _fold(h: torch.Tensor, x, mult: int) -> torch.Tensor:
+    return mix32((h + (((x + 1) * mult) & _MASK32)) & _MASK32)
+
+
+def row_keys(seed: int, step: int, rows: torch.Tensor) -> torch.Tensor:
+    """Noise key of each global batch row of one optimizer step: int64 (len(rows),) in [0, 2^32).
+
+    ``rows``: the rows' indices in the step's global batch (``BatchSchedule.offsets(step)`` order:
+    i*dp*mb + r*mb + j for accumulation step i, data-parallel rank r, micro-batch row j), so that the key of a
+    sequence does not depend on how the batch is split over ranks and micro-batches. ``seed`` and ``step`` are Python
+    ints (any size; both 32-bit halves are folded in) and are hashed on the host, so call this outside compiled code
+    (or expect one recompilation per step); ``layer_keys`` is pure tensor arithmetic and compiles."""
+    for name, value in (("seed", seed), ("step", step)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r} must be a Python int")
+    if not isinstance(rows, torch.Tensor) or rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
+        raise TypeError("rows must be a 1-d integer tensor of global batch-row indices")
+    h = 0
+    for value, mult in ((seed, _SEED_MULT), (step, _STEP_MULT)):
+        h = _fold_int(h, value & _MASK32, mult)
+        h = _fold_int(h, (value >> 32) & _MASK32, mult)
+    return _fold(torch.full_like(rows, h, dtype=torch.int64), rows.to(torch.int64), _KEY_ROW_MULT)
+
+
+def layer_keys(row_keys: torch.Tensor, layer: int) -> torch.Tensor:
+    """The row keys of one layer (global layer index ``layer``): what ``noise_keys`` of that layer's attention
+    receives. Pure int64 tensor arithmetic: same values on CPU and CUDA, fine under torch.compile."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise TypeError(f"layer={layer!r} must be a non-negative int (the model's global layer index)")
+    return _fold(row_keys.to(torch.int64) & _MASK32, layer, _LAYER_MULT)
+
+
+def noise_row_hash(keys: torch.Tensor, heads: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Hash of (row key, global head, query position), broadcast; int64 in [0, 2^32). The kernel's ``_row_hash``
+    computes the same bits in uint32."""
+    return _fold(_fold(keys.to(torch.int64) & _MASK32, heads.to(torch.int64), _HEAD_MULT), positions.to(torch.int64),
+                 _POS_MULT)
+
+
+def random_signs(row_hash: torch.Tensor) -> torch.Tensor:
+    """delta_sign="random": s = -1 where the top bit of mix32(row hash ^ salt) is set, else +1 (FP32)."""
+    negative = (mix32(row_hash ^ _SIGN_SALT) >> 31) == 1
+    return torch.where(negative, torch.full(row_hash.shape, -1.0, device=row_hash.device),
+                       torch.ones(row_hash.shape, device=row_hash.device))
+
+
+def sr_bits(row_hash: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    """16 random bits per element from (row hash, channel), int64 in [0, 2^16)."""
+    return _fold(row_hash, channels.to(torch.int64), _CHANNEL_MULT) & _LOW16
+
+
+def sr_bf16(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """Stochastic rounding of FP32 ``x`` to bf16 with 16 random bits per element; returns FP32 (bf16 values).
+
+    Adds ``bits`` (in [0, 2^16)) to the FP32 bit pattern and clears the low 16 bits: the magnitude rounds up with
+    probability (dropped bits) / 2^16, so E[SR(x)] = x over uniform bits. Exact bf16 values stay unchanged, NaN stays
+    NaN, a finite value may round up to inf only beyond the largest bf16 value. Computed in int64 masked to 32 bits,
+    the uint32 arithmetic of the kernel's ``_sr_bf16``."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"sr_bf16 takes float32, got {x.dtype}")
+    pattern = x.contiguous().view(torch.int32).to(torch.int64) & _MASK32
+    rounded = ((pattern + bits) & 0xFFFF0000)
+    rounded = torch.where(rounded >= 2**31, rounded - 2**32, rounded).to(torch.int32).view(torch.float32)
+    return torch.where(torch.isnan(x), x, rounded)
+
+
+def stochastic_bf16(o32: torch.Tensor, noise_keys: torch.Tensor | None, head_offset: int = 0) -> torch.Tensor:
+    """fix=stochastic_output: SR of an FP32 O (batch, heads, seq, dim) to bf16 (FP32 storage), keyed by (noise key of
+    the batch row, global head head_offset + h, query position, channel). ``noise_keys`` None: key 0 for every row."""
+    bsz, heads, seq, dim = o32.shape
+    dev = o32.device
+    keys = torch.zeros(bsz, dtype=torch.int64, device=dev) if noise_keys is None else noise_keys
+    rh = noise_row_hash(keys.view(bsz, 1, 1), torch.arange(heads, device=dev).view(1, heads, 1) + head_offset,
+                        torch.arange(seq, device=dev).view(1, 1, seq))
+    return sr_bf16(o32, sr_bits(rh.unsqueeze(-1), torch.arange(dim, device=dev)))
+
+
+def delta_signs(shape, noise_keys: torch.Tensor | None, head_offset: int, device) -> torch.Tensor:
+    """delta_sign="random": s (batch, heads, seq) of +-1 (FP32) per (noise key of the row, global head, position)."""
+    bsz, heads, seq = shape
+    keys = torch.zeros(bsz, dtype=torch.int64, device=device) if noise_keys is None else noise_keys
+    rh = noise_row_hash(keys.view(bsz, 1, 1), torch.arange(heads, device=device).view(1, heads, 1) + head_offset,
+                        torch.arange(seq, device=device).view(1, 1, seq))
+    return random_signs(rh)
 
 
 def safe_shift(row_max: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor) -> torch.Tensor:

@@ -25,12 +25,14 @@ its group, so no atomics); dQ per query tile. Launches go through ``_Kernel``, w
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.modes import PAPER_BLOCK_KEYS, Numerics, check_args
+from kernels.modes import FIX_FP32_OUTPUT, PAPER_BLOCK_KEYS, Numerics, check_args
+from kernels.reference import effective_output
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -115,6 +117,31 @@ def _safe_shift(r_m, rows, bh):
     key = (key >> 16) ^ key
     u = (key & 0xFFFF).to(tl.float32)
     return u * 7.62939453125e-06 + 0.015625
+
+
+@triton.jit
+def _mix32(x):
+    """``kernels.rounding.mix32`` on uint32 (wraps modulo 2^32 like the reference's masked int64)."""
+    x = ((x >> 16) ^ x) * 0x045D9F3B
+    x = ((x >> 16) ^ x) * 0x045D9F3B
+    return (x >> 16) ^ x
+
+
+@triton.jit
+def _row_hash(key, head, rows):
+    """``kernels.rounding.noise_row_hash``: hash of (row key (uint32), global head, query positions)."""
+    x = _mix32(key + (head + 1).to(tl.uint32) * 0x85EBCA77)
+    return _mix32(x + (rows + 1).to(tl.uint32) * 0xC2B2AE3D)
+
+
+@triton.jit
+def _sr_bf16(x, row_hash, channels):
+    """fix=stochastic_output: x (FP32, rows x channels) rounded stochastically to bf16 (``kernels.rounding.sr_bf16``
+    with ``sr_bits``): 16 hash bits per element added to the FP32 bit pattern, the low 16 bits cleared. Returns FP32
+    holding bf16 values (exact in any later cast); NaN stays NaN."""
+    u = _mix32(row_hash[:, None] + (channels[None, :] + 1).to(tl.uint32) * 0x27D4EB2F) & 0xFFFF
+    b = (x.to(tl.uint32, bitcast=True) + u) & 0xFFFF0000
+    return tl.where(x != x, x, b.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -316,13 +343,16 @@ def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, st
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
+def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
                 stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, H, GROUP, T, head_offset, total_heads,
                 score_scale, exp_scale, shift_scale, beta, eps_cmp, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
-                PAPER_TILE: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+                PAPER_TILE: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr,
+                STORE_O32: tl.constexpr):
     LP: tl.constexpr = O.dtype.element_ty
-    SHADOW: tl.constexpr = PAPER and FIX == 3
+    # paper keeps an FP32 shadow accumulation where an FP32 O is stored (fp32_output, the amplified delta path) or
+    # stochastically rounded (stochastic_output); fa2's FP32 O is its accumulator
+    SHADOW: tl.constexpr = PAPER and (STORE_O32 or FIX == 4)
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest causal tiles first
     bh = tl.program_id(1)  # local (batch, head) index: addresses this call's tensors
     b = bh // H
@@ -368,26 +398,32 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, stride_qb, stride_qh, stride_qt, stride_kb
                                              LP, BLOCK_N, True, CAUSAL, FIX, IS_BF16, EXPLICIT)
     l_div = tl.where(l_i == 0.0, 1.0, l_i)  # fully masked rows only: O = 0
     if EXPLICIT:
-        o32 = acc / l_div[:, None]
+        o_div = acc / l_div[:, None]
     else:
-        o32 = tl.math.div_rn(acc, l_div[:, None])
+        o_div = tl.math.div_rn(acc, l_div[:, None])
+    if SHADOW:
+        l32 = tl.where(l32 == 0.0, 1.0, l32)
+        if EXPLICIT:
+            o32 = acc32 / l32[:, None]
+        else:
+            o32 = tl.math.div_rn(acc32, l32[:, None])
+    else:
+        o32 = o_div
     o_off = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]  # O32 shares O's layout
-    if EXPLICIT:
-        tl.store(O + o_off, _round_lp(o32, IS_BF16, EXPLICIT).to(LP), mask=row_ok[:, None])
+    if FIX == 4:  # stochastic_output: SR of the FP32 O, keyed by (row key, global head, position, channel)
+        key = tl.load(KEYS + b).to(tl.uint32)
+        o_sr = _sr_bf16(o32, _row_hash(key, head_offset + h, offs_m), offs_d)
+        tl.store(O + o_off, o_sr.to(LP), mask=row_ok[:, None])
+    elif EXPLICIT:
+        tl.store(O + o_off, _round_lp(o_div, IS_BF16, EXPLICIT).to(LP), mask=row_ok[:, None])
     else:
-        tl.store(O + o_off, o32.to(LP), mask=row_ok[:, None])
+        tl.store(O + o_off, o_div.to(LP), mask=row_ok[:, None])
     if PAPER:
         lse = m_i + tl.log2(l_i) * 0.6931471805599453
     else:
         lse = (m_i * exp_scale + tl.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + bh * T + offs_m, lse, mask=row_ok)
-    if FIX == 3:
-        if SHADOW:
-            l32 = tl.where(l32 == 0.0, 1.0, l32)
-            if EXPLICIT:
-                o32 = acc32 / l32[:, None]
-            else:
-                o32 = tl.math.div_rn(acc32, l32[:, None])
+    if STORE_O32:
         tl.store(O32 + o_off, o32, mask=row_ok[:, None])
 
 
@@ -411,6 +447,36 @@ def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
                  other=0.0).to(tl.float32)
     tl.store(DELTA + bh * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
+
+
+@triton.jit
+def _bwd_delta_gain_kernel(OS, O32, DO, KEYS, DELTA, stride_ob, stride_oh, stride_ot, stride_32b, stride_32h,
+                           stride_32t, stride_dob, stride_doh, stride_dot, H, T, head_offset, gain,
+                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, RANDOM: tl.constexpr):
+    """The amplified delta (delta_gain != 1 or random signs): delta_fp32 + gain * s * (delta_mode - delta_fp32) with
+    delta_mode = rowsum(dO * O_saved), delta_fp32 = rowsum(dO * O32); s = +-1 from the noise hash of (row key,
+    global head head_offset + h, position) when RANDOM, else +1. Launched without FMA contraction, so every
+    operation rounds once as in the reference."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = offs_m[:, None] < T
+    o = tl.load(OS + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], mask=ok,
+                other=0.0).to(tl.float32)
+    o32 = tl.load(O32 + b * stride_32b + h * stride_32h + offs_m[:, None] * stride_32t + offs_d[None, :], mask=ok,
+                  other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
+                 other=0.0).to(tl.float32)
+    d_mode = tl.sum(o * do, 1)
+    d32 = tl.sum(o32 * do, 1)
+    gs = tl.full([BLOCK_M], gain, tl.float32)
+    if RANDOM:
+        key = tl.load(KEYS + b).to(tl.uint32)
+        negative = (_mix32(_row_hash(key, head_offset + h, offs_m) ^ 0x68E31DA4) >> 31) == 1
+        gs = tl.where(negative, -gs, gs)
+    tl.store(DELTA + bh * T + offs_m, d32 + gs * (d_mode - d32), mask=offs_m < T)
 
 
 @triton.jit
@@ -732,6 +798,7 @@ def _launch_hooks_set() -> bool:
 
 FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
 DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64))
+DELTA_GAIN = _Kernel(_bwd_delta_gain_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _BWD_KEY)
 DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _BWD_KEY)
 _last_fwd_block_n = FIXED_FWD["BLOCK_N"]
@@ -782,8 +849,10 @@ def _like(t: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0,
-              paper_block_keys: int = PAPER_BLOCK_KEYS) -> Numerics:
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads, paper_block_keys)
+              paper_block_keys: int = PAPER_BLOCK_KEYS, delta_gain: float = 1.0, delta_sign: str = "kept",
+              noise_keys: torch.Tensor | None = None) -> Numerics:
+    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads, paper_block_keys,
+                    delta_gain, delta_sign, noise_keys)
     _check_device(q, k, v)
     return nm
 
@@ -816,28 +885,41 @@ class _Launch:
         return self.kernel.fn[self.grid(cfg)](*self.tensors, *self.ints, *self.floats, **self.meta, **cfg)
 
 
-def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0):
+def _keys_arg(nm: Numerics, noise_keys, bsz: int, device) -> torch.Tensor:
+    """The noise keys a launch reads: the given keys (contiguous), zeros for None, an empty tensor where unused."""
+    if not nm.needs_noise_keys:
+        return torch.empty(0, dtype=torch.int64, device=device)  # never read (the launch's FIX / RANDOM)
+    if noise_keys is None:
+        return torch.zeros(bsz, dtype=torch.int64, device=device)
+    return noise_keys.contiguous()
+
+
+
+def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0,
+                    noise_keys: torch.Tensor | None = None):
     """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous."""
     bsz, heads, seq, dim = q.shape
     out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output)
+    keys = _keys_arg(nm, noise_keys, bsz, q.device)
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
     ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], heads,
             heads // k.shape[1], seq, int(head_offset), int(total_heads or heads))
     floats = (nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix,
-                IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
+                IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET, STORE_O32=nm.keeps_fp32_output)
     rows = bsz * heads
-    launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse), ints, floats, meta,
-                     ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype))
+    launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse, keys), ints, floats,
+                     meta, ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output))
     return launch, out, lse, o32
 
 
-def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0):
+def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0,
+             noise_keys: torch.Tensor | None = None):
     """Forward launch; q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]), checked by
     ``_numerics``."""
     global _last_fwd_block_n
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    launch, out, lse, o32 = _forward_launch(q, k, v, causal, nm, head_offset, total_heads)
+    launch, out, lse, o32 = _forward_launch(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
     _last_fwd_block_n = launch()["BLOCK_N"]
     return out, lse, o32
 
@@ -847,16 +929,29 @@ def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return _like(q), _like(k), _like(v)
 
 
-def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
+def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
+                       head_offset: int = 0):
     """((delta, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in q's
-    dtype."""
+    dtype. The amplified path (``nm.amplified``) replaces the delta launch by the gain launch, which also reads the
+    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs)."""
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
     delta = _new((bsz, heads, seq), torch.float32, q.device)
     os_, ds = o_saved.stride(), d_out.stride()
     q_rows, kv_rows = bsz * heads, bsz * kv_heads
-    delta_launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
-                           (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
+    if nm.amplified:
+        if o32 is None or o32.numel() == 0:
+            raise ValueError("delta_gain != 1 or delta_sign='random' needs the forward's FP32 O (o32)")
+        o32 = _last_dim_contiguous(o32)
+        s32 = o32.stride()
+        keys = _keys_arg(nm, noise_keys, bsz, q.device)
+        delta_launch = _Launch(DELTA_GAIN, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows),
+                               (o_saved, o32, d_out, keys, delta),
+                               (os_[0], os_[1], os_[2], s32[0], s32[1], s32[2], ds[0], ds[1], ds[2], heads, seq,
+                                int(head_offset)), (nm.delta_gain,), dict(HEAD_DIM=dim, RANDOM=nm.delta_random))
+    else:
+        delta_launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
+                               (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
     dq, dk, dv = _backward_outputs(q, k, v)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     dqs, dks, dvs = dq.stride(), dk.stride(), dv.stride()
@@ -873,12 +968,13 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics)
     return (delta_launch, dkdv_launch, dq_launch), (dq, dk, dv)
 
 
-def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
+def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
+              head_offset: int = 0):
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if d_out.dtype != q.dtype:
         d_out = d_out.to(q.dtype)
     d_out, o_saved = _last_dim_contiguous(d_out), _last_dim_contiguous(o_saved)
-    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm)
+    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset)
     for launch in launches:
         launch()
     return grads
@@ -889,49 +985,69 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics):
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _amplified(delta_gain: float, delta_sign: str) -> bool:
+    return float(delta_gain) != 1.0 or delta_sign == "random"
+
+
 @torch.library.custom_op("sla_attention::flash_fwd", mutates_args=())
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
-              eps: float, head_offset: int = 0, total_heads: int = 0,
-              paper_block_keys: int = PAPER_BLOCK_KEYS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output else an empty tensor)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
-    return _forward(q, k, v, causal, nm, head_offset, total_heads)
+              eps: float, head_offset: int = 0, total_heads: int = 0, paper_block_keys: int = PAPER_BLOCK_KEYS,
+              delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output or the amplified delta path
+    (delta_gain != 1 or random signs), else an empty tensor)."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
+                   delta_sign, noise_keys)
+    return _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
 
 
 @flash_fwd.register_fake
-def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS):
-    return _forward_outputs(_last_dim_contiguous(q), fix == "fp32_output")  # the real op's allocation
+def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS,
+      delta_gain=1.0, delta_sign="kept", noise_keys=None):
+    keeps = fix == "fp32_output" or _amplified(delta_gain, delta_sign)
+    return _forward_outputs(_last_dim_contiguous(q), keeps)  # the real op's allocation
 
 
 @torch.library.custom_op("sla_attention::flash_bwd", mutates_args=())
 def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor,
               lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float, eps: float,
-              head_offset: int = 0, total_heads: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses.
+              head_offset: int = 0, total_heads: int = 0, o32: Optional[torch.Tensor] = None,
+              delta_gain: float = 1.0, delta_sign: str = "kept",
+              noise_keys: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses (the mode's O), ``o32``
+    the forward's FP32 O (the amplified delta path only).
 
-    head_offset / total_heads are checked like the forward's; the backward itself does not depend on them (P is
-    recomputed from the saved LSE, which already reflects the forward's global-index shift; nor on the paper tile
-    size, so it takes none)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads)
-    return _backward(d_out, q, k, v, o_saved, lse, causal, nm)
+    head_offset / total_heads are checked like the forward's; the backward itself uses only head_offset, in the
+    random signs' hash (P is recomputed from the saved LSE, which already reflects the forward's global-index shift;
+    nor does it depend on the paper tile size, so it takes none)."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, delta_gain=delta_gain,
+                   delta_sign=delta_sign, noise_keys=noise_keys)
+    return _backward(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset)
 
 
 @flash_bwd.register_fake
-def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0):
+def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, o32=None,
+      delta_gain=1.0, delta_sign="kept", noise_keys=None):
     return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, _paper_block_keys = inputs
+    (q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, _paper_block_keys, delta_gain, delta_sign,
+     noise_keys) = inputs
     out, lse, o32 = output
-    ctx.save_for_backward(q, k, v, o32 if fix == "fp32_output" else out, lse)
+    o_mode = o32 if fix == "fp32_output" else out
+    if _amplified(delta_gain, delta_sign):
+        ctx.save_for_backward(q, k, v, o_mode, lse, o32, noise_keys)
+    else:
+        ctx.save_for_backward(q, k, v, o_mode, lse, None, None)
     ctx.args = (causal, rounding, fix, beta, eps, head_offset, total_heads)
+    ctx.delta_args = (delta_gain, delta_sign)
 
 
 def _backward_rule(ctx, d_out, _d_lse, _d_o32):
-    q, k, v, o_saved, lse = ctx.saved_tensors
-    dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args)
-    return dq, dk, dv, *([None] * 8)
+    q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
+    dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args, o32, *ctx.delta_args, noise_keys)
+    return dq, dk, dv, *([None] * 11)
 
 
 flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -941,24 +1057,30 @@ class _FlashAttention(torch.autograd.Function):
     """Eager-mode autograd of the kernel: the same launches as the custom ops, without their dispatch overhead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int):
-        out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads)
-        ctx.save_for_backward(q, k, v, o32 if nm.keeps_fp32_output else out, lse)
+    def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int, noise_keys):
+        out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
+        o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
+        if nm.amplified:
+            ctx.save_for_backward(q, k, v, o_mode, lse, o32, noise_keys)
+        else:
+            ctx.save_for_backward(q, k, v, o_mode, lse, None, None)
         ctx.causal = causal
         ctx.nm = nm
+        ctx.head_offset = head_offset
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, o_saved, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
+        dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm, o32, noise_keys, ctx.head_offset)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
                     fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
                     paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
-                    total_heads: int = 0) -> torch.Tensor:
+                    total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
+                    noise_keys: torch.Tensor | None = None) -> torch.Tensor:
     """Triton flash attention; see ``kernels.flash_attention``.
 
     Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under
@@ -966,15 +1088,21 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     same launches, so their results are identical.
     """
     if torch.compiler.is_compiling():
-        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)[0]
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
-    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads)
+        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
+                         float(delta_gain), delta_sign, noise_keys)[0]
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
+                   delta_sign, noise_keys)
+    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads, noise_keys)
 
 
 def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *,
-                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0) -> torch.Tensor:
-    """The O that this kernel's backward uses for delta (forward only, no autograd graph)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys)
+                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0,
+                 delta_gain: float = 1.0, delta_sign: str = "kept",
+                 noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """The O whose rowsum(dO * O) is this kernel's delta (forward only, no autograd graph); see
+    ``kernels.saved_output``."""
+    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
+                   delta_sign, noise_keys)
     with torch.no_grad():
-        out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads)
-    return o32 if nm.keeps_fp32_output else out
+        out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
+        return effective_output(out, o32 if nm.keeps_fp32_output else None, nm, noise_keys, head_offset)

@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any, Optional
 
 import yaml
 
-from kernels.modes import FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
+from kernels.modes import DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
@@ -134,6 +135,21 @@ class MonitorConfig:
     """Keep iterating (up to 8x power_iterations) while the estimate still rises by more than this per step."""
     delta_bias_layers: Optional[list[int]] = None
     """Layers whose delta bias is measured; null means all layers."""
+    warning_layer: int = 1
+    """Layer (global index) watched by the early warning (tag warning/on; launcher/monitors/warning.py); the paper's
+    failing layer is 1. A layer the model does not have turns the warning off."""
+    warning_tie_rate: float = 0.10
+    """Warn when warning_layer's tie rate (attn/Lxx/tie_rate, mean over heads) is above this; 0 disables this part.
+    Provisional (not yet calibrated): diverging accelerated runs climbed from ~1% to 25-44%, stable ones stayed at 1-2%."""
+    warning_wq_growth: float = 2.0
+    """Warn when warning_layer's largest per-head W_Q spectral norm exceeds this factor x its value warning_window
+    steps earlier; 0 disables this part. Provisional: diverging accelerated runs went 6 -> 30 -> 70, stable ones ~15."""
+    warning_window: int = 500
+    """Steps over which warning_wq_growth is measured."""
+    warning_after_step: int = 200
+    """No warning before this step (tie rates and W_Q growth of the first steps and the warmup are not the failure)."""
+    warning_patience: int = 2
+    """Consecutive monitor steps on which a condition must hold before the warning turns on."""
 
 
 @dataclass
@@ -397,6 +413,9 @@ def arm_names(tree: dict) -> list[str]:
 
 def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int] = None) -> Config:
     """Typed, validated Config for one arm of a recipe dict (arm None: the recipe's first arm)."""
+    if "margin" in tree:
+        raise ConfigError("this recipe has a margin section (a grid of arms): run it with `python -m launcher.margin "
+                          "RECIPE`, not launcher.pretrain")
     arms = tree.get("arms") or {}
     if not isinstance(arms, dict):
         raise ConfigError("'arms' must map arm names to overrides, e.g. arms: {fixed: {attention: {fix: dynamic_max}}}")
@@ -484,6 +503,10 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                         f"({', '.join(map(str, KERNEL_HEAD_DIMS))}); for example set {fix}, or use "
                         "attention.backend=sdpa")
     problems += attention_problems(a, "attention")
+    if a.fix == "stochastic_output" and a.backend == "triton" and config.precision.dtype == "fp32":
+        problems.append("attention.fix=stochastic_output rounds O to BF16 and the Triton kernel takes BF16 inputs; set "
+                        "precision.dtype=bf16 (or auto), or attention.backend=reference (it rounds FP32 inputs to "
+                        "BF16)")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
     problems += _choice(config.precision.fp8_recipe, ("delayed", "current", "block"), "precision.fp8_recipe")
     if p.tensor_parallel < 1 or p.pipeline_parallel < 1:
@@ -525,6 +548,10 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
     if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0 \
             or mon.power_tolerance < 0:
         problems.append("monitor intervals and power_tolerance must be >= 0, probe_batch_size and power_iterations > 0")
+    if mon.warning_tie_rate < 0 or mon.warning_wq_growth < 0 or mon.warning_window <= 0 or mon.warning_patience < 1 \
+            or mon.warning_layer < 0 or mon.warning_after_step < 0:
+        problems.append("monitor.warning_tie_rate and warning_wq_growth must be >= 0 (0 disables), warning_window > 0, "
+                        "warning_patience >= 1, warning_layer and warning_after_step >= 0")
     for layer in mon.delta_bias_layers or []:
         if not 0 <= layer < m.n_layer:
             problems.append(f"monitor.delta_bias_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
@@ -542,9 +569,15 @@ def attention_problems(a: AttentionConfig, where: str) -> list[str]:
     problems = _choice(a.backend, BACKENDS, f"{where}.backend")
     problems += _choice(a.rounding, ROUNDINGS, f"{where}.rounding")
     problems += _choice(a.fix, FIXES, f"{where}.fix")
-    if a.backend == "sdpa" and (a.rounding, a.fix) != ("fa2", "none"):
-        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix} "
-                        "needs attention.backend=triton, reference or auto")
+    problems += _choice(a.delta_sign, DELTA_SIGNS, f"{where}.delta_sign")
+    if not (math.isfinite(a.delta_gain) and a.delta_gain >= 0):
+        problems.append(f"{where}.delta_gain={a.delta_gain} must be a finite number >= 0 (1.0: the mode's own "
+                        "numerics; 0: fix=fp32_output's delta)")
+    if a.backend == "sdpa" and ((a.rounding, a.fix) != ("fa2", "none") or a.stresses_delta):
+        # the message's start is matched by build_config (values every arm replaces)
+        stress = f", delta_gain={a.delta_gain:g}, delta_sign={a.delta_sign}" if a.stresses_delta else ""
+        problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix}"
+                        f"{stress} needs attention.backend=triton, reference or auto")
     if a.fix.startswith("dynamic_max") and a.beta <= 1.0:
         problems.append(f"{where}.beta={a.beta} must be > 1 (the maximum is shifted by (beta - 1) x max)")
     if a.eps < 0:
@@ -583,6 +616,11 @@ def environment_problems(config: Config) -> list[str]:
     if config.attention.backend == "triton" and not on_gpu:
         problems.append("attention.backend=triton needs a CUDA GPU; use attention.backend=auto (the PyTorch reference "
                         "of the same numerics on CPU) or reference")
+    attention = config.attention
+    if attention.fix == "stochastic_output" and on_gpu and attention.backend == "auto" \
+            and config.precision.dtype == "fp32":
+        problems.append("attention.fix=stochastic_output on a GPU runs the Triton kernel, which takes BF16 inputs; set "
+                        "precision.dtype=bf16 (or auto)")
     if config.precision.fp8_ffn:
         if not on_gpu:
             problems.append("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on this machine")

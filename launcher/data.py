@@ -122,6 +122,14 @@ class BatchSchedule:
         mine = self.offsets(step).reshape(self.accum_steps, self.dp_size, self.micro_batch_size)[:, self.dp_rank]
         return [windows(self.data.train, row, self.seq_len) for row in mine]
 
+    def global_rows(self) -> list[torch.Tensor]:
+        """Per micro-batch of :meth:`micro_batches` (any step), the index of each of its windows in ``offsets(step)``:
+        accumulation step i, data-parallel rank r, row j -> i*dp*mb + r*mb + j. A window's index, unlike its place
+        in a rank's micro-batch, is the same under every layout: the row keys of the attention's random bits are
+        derived from it."""
+        rows = torch.arange(self.global_batch_size).view(self.accum_steps, self.dp_size, self.micro_batch_size)
+        return list(rows[:, self.dp_rank])
+
 
 def eval_offsets(n_tokens: int, seq_len: int, count: int) -> np.ndarray:
     """Evenly spread, fixed windows of the validation split (the same every evaluation and every arm)."""

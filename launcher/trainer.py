@@ -270,6 +270,8 @@ class Trainer:
         device = self.dims.device
         micro = [(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                  for x, y in self.schedule.micro_batches(step)]
+        if self.config.attention.needs_noise_keys:  # only then: every other run makes exactly the calls it made before
+            micro = [(x, y, keys.to(device)) for (x, y), keys in zip(micro, self.row_keys(step))]
 
         def veto(loss: float, grad_norm: float) -> Optional[str]:
             problem = self.guard.check(loss, grad_norm)
@@ -285,8 +287,17 @@ class Trainer:
             self.guard.bad_steps += 1
         return StepResult(loss_value, grad_norm, lr, problem)
 
+    def row_keys(self, step: int) -> list[torch.Tensor]:
+        """Keys of the attention's random bits for this rank's micro-batches of ``step`` (int64 (mb,) each): a hash of
+        (run seed, step, global batch row), so they do not depend on the layout, and a resumed run draws the same."""
+        from kernels.rounding import row_keys  # kernels/ only when the run needs keys
+
+        return [row_keys(self.config.run.seed, step, rows) for rows in self.schedule.global_rows()]
+
     def evaluate(self) -> float:
-        """Mean loss on the fixed validation windows; each data-parallel rank takes an equal contiguous share."""
+        """Mean loss on the fixed validation windows; each data-parallel rank takes an equal contiguous share. Runs
+        without row keys (key 0 for every row, see model.attention.noise_keys): the same windows get the same bits
+        at every evaluation and under every layout."""
         config, dims = self.config, self.dims
         mb, seq_len = config.data.micro_batch_size, config.data.seq_len
         offsets = eval_offsets(len(self.data.val), seq_len, config.eval.batches * mb)

@@ -1,21 +1,27 @@
 """Attention implementations the model can call, chosen by config.
 
 Every implementation takes q, k, v shaped (batch, heads, seq, head_dim) and returns the causal attention output in
-the same shape and dtype. The numerics that matter for the paper's failure (where BF16 rounding happens inside
-flash attention, and which fix is applied) are the ``rounding`` and ``fix`` settings; see kernels/ and
+the same shape and dtype, and accepts the keywords ``layer`` (global layer index) and ``row_keys`` (an int64 (batch,)
+tensor of per-row keys from ``kernels.rounding.row_keys``, or None). The numerics that matter for the paper's failure
+(where BF16 rounding happens inside flash attention, and which fix is applied) are the ``rounding`` and ``fix``
+settings; the stress mode ``delta_gain`` / ``delta_sign`` scales the backward's delta error; see kernels/ and
 docs/attention-kernel.md.
+
+Row keys are the only source of randomness (random delta signs, fix=stochastic_output): they are passed as arguments
+from the trainer through the model, never kept in module state, so activation checkpointing recomputes with the same
+keys and the draws depend on (run seed, step, layer, global batch row), not on the process layout.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attention_fn(q, k, v, *, layer: int = 0, row_keys: Optional[torch.Tensor] = None) -> o
+AttentionFn = Callable[..., torch.Tensor]
 
 BACKENDS = ("auto", "triton", "reference", "sdpa")
 
@@ -33,7 +39,9 @@ class AttentionConfig:
     fix: str = "none"
     """Bias fix: none; dynamic_max (bounded, per-row shift of the softmax maximum when it repeats: the safe
     default); dynamic_max_published (the paper's rule as the authors run it: where it underflows, their row-sum
-    clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O)."""
+    clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O); stochastic_output (O rounded to BF16
+    stochastically from the FP32 O, unbiased, keyed per row, head, position and channel; needs BF16 attention
+    inputs: precision.dtype=bf16, or the reference backend, which rounds FP32 inputs to BF16)."""
     paper_block_keys: int = 512
     """Keys per tile of rounding=paper: the running O and row sum are rounded to BF16 once per tile, and the fixes
     look for repeated maxima per tile. 512 as in the authors' code; 0 puts the whole row in one tile (the paper's
@@ -42,16 +50,66 @@ class AttentionConfig:
     """Shift factor of the dynamic-maximum fixes (the paper uses 2; its earlier value was 7)."""
     eps: float = 1e-3
     """Scores within eps of the row maximum count as ties (the fixes' trigger and the tie-rate monitor's)."""
+    delta_gain: float = 1.0
+    """Stress test of the backward (finite, >= 0): delta = delta_fp32 + delta_gain x s x (delta_mode - delta_fp32),
+    delta_mode = rowsum(dO * O) as the mode computes it, delta_fp32 from the FP32 O of the same forward. 1.0 is the
+    mode's own numerics (bit-identical, no extra cost); 0 gives fix=fp32_output's delta. Not with backend=sdpa."""
+    delta_sign: str = "kept"
+    """s in delta_gain's formula: kept (+1, the error keeps its sign) or random (+-1 per row, head and query
+    position, hashed from run seed, step, layer and global batch row: the same error size without a persistent
+    sign, the control of the bias). Not with backend=sdpa."""
 
     @property
     def numerics(self) -> str:
         """Short label used in logs and run names, e.g. 'paper/dynamic_max'."""
         return f"{self.rounding}/{self.fix}"
 
+    @property
+    def stresses_delta(self) -> bool:
+        """Whether delta_gain / delta_sign differ from the mode's own numerics (then the kernel gets them)."""
+        return (self.delta_gain, self.delta_sign) != (1.0, "kept")
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """torch's scaled_dot_product_attention, causal; its rounding is fixed by the backend torch picks."""
+    @property
+    def needs_noise_keys(self) -> bool:
+        """Whether the attention draws random bits, so that the trainer must pass row keys (random signs, or the
+        stochastic rounding of fix=stochastic_output). Every other run calls the model exactly as before."""
+        return self.fix == "stochastic_output" or self.delta_sign == "random"
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int = 0,
+                   row_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """torch's scaled_dot_product_attention, causal; its rounding is fixed by the backend torch picks. It draws no
+    random bits: ``layer`` and ``row_keys`` are ignored."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def noise_keys(row_keys: Optional[torch.Tensor], layer: int, batch: int, device: torch.device) -> torch.Tensor:
+    """The kernel's ``noise_keys`` of one layer: the row keys with the global layer index mixed in
+    (``kernels.rounding.layer_keys``). ``row_keys`` None means key 0 for every row: evaluation and the monitors'
+    probe batch run without the trainer's keys, i.e. with this fixed key."""
+    from kernels.rounding import layer_keys  # lazily, like kernels below
+
+    if row_keys is None:
+        row_keys = torch.zeros(batch, dtype=torch.int64, device=device)
+    elif row_keys.shape != (batch,):
+        raise ValueError(f"row_keys has shape {tuple(row_keys.shape)}; expected one key per batch row, ({batch},)")
+    return layer_keys(row_keys, layer)
+
+
+class KernelAttention:
+    """The Triton kernel or its reference with the config's numerics bound (``keywords``, passed as is).
+
+    With ``keyed`` (the config needs noise keys) each call turns (row_keys, layer) into the kernel's ``noise_keys``;
+    otherwise ``layer`` and ``row_keys`` are ignored and the kernel is called exactly as without them."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], keywords: dict, keyed: bool):
+        self.fn, self.keywords, self.keyed = fn, keywords, keyed
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int = 0,
+                 row_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if not self.keyed:
+            return self.fn(q, k, v, **self.keywords)
+        return self.fn(q, k, v, noise_keys=noise_keys(row_keys, layer, q.shape[0], q.device), **self.keywords)
 
 
 def resolve_backend(config: AttentionConfig, device: torch.device) -> str:
@@ -70,6 +128,9 @@ def build_attention(config: AttentionConfig, device: torch.device, head_offset: 
     backends use this global head index in their head-dependent numerics (the dynamic_max fix's per-row shift), so
     the result does not change with the tensor-parallel degree; the values are checked at the first call. The sdpa
     backend has no head-dependent numerics and ignores them.
+
+    ``delta_gain`` / ``delta_sign`` reach the kernel only when they differ from (1.0, kept), so that the default
+    makes exactly the calls it made before they existed.
     """
     backend = resolve_backend(config, device)
     if backend == "sdpa":
@@ -77,7 +138,8 @@ def build_attention(config: AttentionConfig, device: torch.device, head_offset: 
     import kernels  # imported lazily: kernels/ pulls in triton, which the sdpa path does not need
 
     fn = kernels.flash_attention if backend == "triton" else kernels.reference_attention
-    return functools.partial(
-        fn, causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
-        paper_block_keys=config.paper_block_keys, head_offset=head_offset, total_heads=total_heads,
-    )
+    keywords = dict(causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
+                    paper_block_keys=config.paper_block_keys, head_offset=head_offset, total_heads=total_heads)
+    if config.stresses_delta:
+        keywords.update(delta_gain=config.delta_gain, delta_sign=config.delta_sign)
+    return KernelAttention(fn, keywords, keyed=config.needs_noise_keys)

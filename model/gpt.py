@@ -93,10 +93,10 @@ class CausalSelfAttention(nn.Module):
         bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
         return F.linear(x, weight, bias).split([p.out_features for p in projections], dim=-1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, row_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = (self._heads(y) for y in self._qkv(x))
-        o = self.attention_fn(q, k, v)
+        o = self.attention_fn(q, k, v, layer=self.layer_idx, row_keys=row_keys)
         if self.probe is not None:
             o = self.probe(self.layer_idx, q, k, v, o)
         o = o.transpose(1, 2).reshape(b, t, -1)  # (B, T, heads * hd): d, or this rank's heads under tensor parallelism
@@ -118,7 +118,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)). ``row_keys`` go to the attention (an
+    argument, so that an activation-checkpointed block recomputes with the same keys)."""
 
     def __init__(self, config: GPTConfig, layer_idx: int, attention_fn: AttentionFn):
         super().__init__()
@@ -127,8 +128,8 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, row_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), row_keys)
         return x + self.mlp(self.ln2(x))
 
 
@@ -138,7 +139,10 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 
 class GPT(nn.Module):
-    """Decoder-only language model; ``forward(idx, targets)`` returns (logits, mean cross-entropy or None).
+    """Decoder-only language model; ``forward(idx, targets, row_keys)`` returns (logits, mean cross-entropy or None).
+
+    ``row_keys`` (optional int64 (batch,)): one key per batch row for the attention's random bits (random delta signs,
+    fix=stochastic_output), from ``kernels.rounding.row_keys``; None means key 0 for every row.
 
     ``loss_fn(logits, targets)`` is an attribute so that a parallel layout can replace it (tensor parallelism
     computes the cross-entropy of vocabulary-split logits without gathering them)."""
@@ -190,14 +194,15 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_parameters() + 12 * c.n_layer * c.d_model * seq_len
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                row_keys: Optional[torch.Tensor] = None):
         b, t = idx.shape
         if t > self.config.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds model.max_seq_len={self.config.max_seq_len}")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, row_keys)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

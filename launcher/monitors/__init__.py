@@ -40,6 +40,8 @@ from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_s
 from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
 from launcher.monitors.probe import run_probe
 from launcher.monitors.spectral import SpectralTracker
+from launcher.monitors.warning import EarlyWarning, WarningRule
+from model.attention import noise_keys
 
 __all__ = ["Monitors", "tags"]
 
@@ -94,6 +96,7 @@ class Monitors:
         self.active = self.dims.dp_rank == 0 or zero3
         self.rounding, self.fix = att.rounding, att.fix
         self.beta, self.eps, self.paper_block_keys = att.beta, att.eps, att.paper_block_keys
+        self.delta_gain, self.delta_sign, self.keyed = att.delta_gain, att.delta_sign, att.needs_noise_keys
         # the tile in which a repeated maximum matters for the run's numerics
         self.tie_tile = tie_tile_keys(att.rounding, att.paper_block_keys)
         # this rank's blocks by global layer index (a pipeline stage holds some of them)
@@ -117,6 +120,10 @@ class Monitors:
         self._last: dict[str, float] = {}
         self._overhead_s = 0.0
         self._delta_cost_printed = False
+        # early warning (warning.py), evaluated where the merged values of all stages are: the logging rank
+        rule = WarningRule.from_monitor(mon)
+        self.warning = EarlyWarning(rule) if rule.enabled and rule.layer < self.n_layer else None
+        self._warned = False
 
     # ------------------------------------------------------------------------------------------------------------
     # Trainer-facing API
@@ -154,6 +161,8 @@ class Monitors:
                 values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
         self._overhead_s += self._clock(device) - start
         values = self._from_all_stages(values)
+        if self.warning is not None and self.dims.is_logging_rank:
+            values.update(self._warn(step, values))
         if self.writer is not None:
             for tag, value in values.items():
                 self.writer.add_scalar(tag, value, global_step=step)
@@ -173,6 +182,7 @@ class Monitors:
             "prev_error": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.prev_error.items())},
             "overhead_s": self._overhead_s,
             "last_values": dict(self._last),
+            "warning": self.warning.state_dict() if self.warning is not None else None,
         }
         stages = self._gather_stages(state)
         if stages is None:
@@ -217,6 +227,17 @@ class Monitors:
         self.prev_error = {int(i): t[mine].to(device) for i, t in state["prev_error"].items()}
         self._overhead_s = float(state["overhead_s"])
         self._last = dict(state["last_values"])
+        if self.warning is not None and state.get("warning"):  # absent in checkpoints written before the warning
+            self.warning.load_state_dict(state["warning"])
+            self._warned = self.warning.on
+
+    def _warn(self, step: int, values: dict[str, float]) -> dict[str, float]:
+        out = self.warning.update(step, values)
+        if out.get(tags.WARNING) and not self._warned:  # say it once per onset, on the console too
+            print(f"[monitors] EARLY WARNING at step {step}: {self.warning.rule.describe()} "
+                  "(launcher/monitors/warning.py; thresholds monitor.warning_*)", flush=True)
+        self._warned = bool(out.get(tags.WARNING, self._warned))
+        return out
 
     # ------------------------------------------------------------------------------------------------------------
 
@@ -321,9 +342,11 @@ class Monitors:
         local = {}
         for i in self.delta_layers:
             cap = probe.layers[i]
+            # the probe pass ran without row keys: its attention used those of row key 0 (model.attention.noise_keys)
+            keys = noise_keys(None, i, cap.q.shape[0], cap.q.device) if self.keyed else None
             out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
                                    self.fix, self.beta, self.eps, self.prev_error.get(i), self.head_offset,
-                                   self.n_head, self.paper_block_keys)
+                                   self.n_head, self.paper_block_keys, self.delta_gain, self.delta_sign, keys)
             cum = self.delta_cum.get(i)
             self.delta_cum[i] = out["sum"].clone() if cum is None else cum.to(out["sum"]) + out["sum"]
             self.prev_error[i] = out["error"].float()  # (heads, head_dim, d_model), rows of q_proj.weight per head

@@ -1,6 +1,9 @@
 """One forward (and, for the delta-bias monitor, one gradient) pass of the fixed probe batch, capturing per layer
 the attention input X (q_proj's input, i.e. ln1's output), q, k, v, the attention output O and the gradient dO.
 
+The pass runs without row keys: attention that draws random bits uses row key 0 for every probe row (a fixed probe
+key, the same at every call; see model.attention.noise_keys and delta_bias.py).
+
 The pass never touches parameter ``.grad``: dO comes from ``torch.autograd.grad`` with respect to the captured
 outputs, which computes only what those gradients need. The model's train/eval mode, its attention probes and the
 hooks installed here are restored/removed whatever happens.

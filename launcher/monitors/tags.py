@@ -14,6 +14,7 @@ Families (see docs/monitoring.md for the meaning of each):
   diagnostics
 - ``delta_bias/L01/h08/sum``, ``delta_bias/L01/h08/cum``, ``delta_bias/L01/dwq_cos``   delta-bias monitor
 - ``monitor/spectral_s``, ``monitor/probe_s``, ``monitor/delta_bias_s``   seconds spent per monitor call
+- ``warning/on``, ``warning/wq_growth``   the early-warning rule (launcher/monitors/warning.py)
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ GUARD_BAD_STEPS = "guard/bad_steps"
 SPECTRAL_SECONDS = "monitor/spectral_s"
 PROBE_SECONDS = "monitor/probe_s"
 DELTA_BIAS_SECONDS = "monitor/delta_bias_s"
+
+# Early warning (launcher/monitors/warning.py): 1 while the rule holds, else 0, at every monitor step of
+# monitor.warning_layer; and that layer's largest W_Q head norm over its value monitor.warning_window steps earlier.
+WARNING = "warning/on"
+WARNING_WQ_GROWTH = "warning/wq_growth"
 
 
 def layer_key(layer: int) -> str:

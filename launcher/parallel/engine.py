@@ -7,6 +7,8 @@ The trainer calls, per optimizer step::
 
 ``veto`` (the trainer's guard) is consulted once the global gradient norm is known and before anything is updated:
 on an objection, parameters and optimizer state stay exactly as they were and the gradients are dropped.
+A micro-batch is (inputs, targets), or (inputs, targets, row_keys) when the attention draws random bits
+(``AttentionConfig.needs_noise_keys``); the keys go to the model's forward as its third argument.
 Checkpoints go through :meth:`Engine.full_parameter` / :meth:`Engine.full_optimizer_state` (per parameter,
 data-parallel shards assembled) and :meth:`Engine.load_optimizer_state`, which is what lets a checkpoint outlive its
 layout (launcher/checkpoint.py).
@@ -94,7 +96,7 @@ class Engine:
     model: nn.Module
     dims: ParallelDims
 
-    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, ...]],
                    autocast: Callable[[], contextlib.AbstractContextManager], lr: float,
                    veto: Callable[[float, float], Optional[str]]) -> tuple[float, float, Optional[str]]:
         """One optimizer step over this rank's micro-batches at learning rate ``lr``, unless ``veto(loss, global
@@ -107,7 +109,7 @@ class Engine:
         norm, problem = self.step(lr, lambda norm: veto(loss_value, norm))
         return loss_value, norm, problem
 
-    def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    def forward_backward(self, micro_batches: list[tuple[torch.Tensor, ...]],
                          autocast: Callable[[], contextlib.AbstractContextManager]) -> torch.Tensor:
         """Forward and backward of this rank's micro-batches; returns their mean loss (a 0-d tensor, this rank)."""
         raise NotImplementedError
@@ -196,12 +198,12 @@ class LocalEngine(Engine):
     def forward_backward(self, micro_batches, autocast):
         loss_sum = torch.zeros((), device=self.dims.device)
         n = len(micro_batches)
-        for i, (x, y) in enumerate(micro_batches):
+        for i, (x, y, *row_keys) in enumerate(micro_batches):
             # DDP all-reduces gradients on the last micro-batch only
             sync = i == n - 1 or not self.ddp
             with contextlib.nullcontext() if sync else self.wrapped.no_sync():
                 with autocast():
-                    _, loss = self.wrapped(x, y)
+                    _, loss = self.wrapped(x, y, *row_keys)
                 (loss / n).backward()
             loss_sum += loss.detach()
         return loss_sum / n
@@ -281,9 +283,9 @@ class ZeroEngine(Engine):
 
     def forward_backward(self, micro_batches, autocast):
         loss_sum = torch.zeros((), device=self.dims.device)
-        for i, (x, y) in enumerate(micro_batches):
+        for i, (x, y, *row_keys) in enumerate(micro_batches):
             with autocast():
-                _, loss = self.forward(x, y)
+                _, loss = self.forward(x, y, *row_keys)
             self.ds.backward(loss)  # DeepSpeed divides by the accumulation steps and reduces at the last one
             loss_sum += loss.detach()
             if i < len(micro_batches) - 1:

@@ -12,6 +12,13 @@ gradients, and counts the weight once in the gradient norm. Layers are partition
 count. The recipe's gradient accumulation becomes the pipeline's micro-batches, run with DeepSpeed's 1F1B schedule
 (``train_batch``).
 
+Row keys (runs whose attention draws random bits, ``AttentionConfig.needs_noise_keys``): the first stage gets
+(token ids, row keys), and every layer up to the last block passes (hidden states, row keys) on, so that the keys
+cross stage boundaries with the activations (DeepSpeed sends every tensor of a tuple, and gradients of the floating
+ones only). Each block is a :class:`KeyedBlock`; ``drop_row_keys`` after the last block hands the final LayerNorm
+the hidden states alone. Evaluation sends key 0 for every row (what the single-device model does without keys).
+Every other run keeps the plain layer list.
+
 Data parallelism under the pipeline always goes through DeepSpeed's ZeRO-1 optimizer (``zero_stage`` 0 runs as 1:
 the same numerics, optimizer state sharded); ZeRO-2 and -3 are refused by validation because DeepSpeed does not
 support them with a pipeline. The guard's veto works as in the ZeRO engine (inside DeepSpeed's optimizer step, once
@@ -41,8 +48,11 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.embedding, self.head = embedding, head
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embedding(ids)
+    def forward(self, inputs):
+        if isinstance(inputs, tuple):  # (ids, row keys): the keys travel on with the hidden states
+            ids, row_keys = inputs
+            return self.embedding(ids), row_keys
+        return self.embedding(inputs)
 
 
 def project_to_vocabulary(tied: TokenEmbedding, x: torch.Tensor) -> torch.Tensor:
@@ -56,8 +66,41 @@ class AddPositions(nn.Module):
         super().__init__()
         self.pos_emb, self.drop = pos_emb, drop
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs):
+        if isinstance(inputs, tuple):
+            x, row_keys = inputs
+            return self._add(x), row_keys
+        return self._add(inputs)
+
+    def _add(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=x.device)))
+
+
+class KeyedBlock(nn.Module):
+    """A (possibly activation-checkpointed) block as a pipeline layer of a keyed run: (x, row keys) -> (block(x, row
+    keys), row keys); the keys are an argument of the block, so a checkpointed block recomputes with them. A plain
+    tensor (the monitors' probe pass) runs the block without keys."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, inputs):
+        if isinstance(inputs, tuple):
+            x, row_keys = inputs
+            return self.block(x, row_keys), row_keys
+        return self.block(inputs)
+
+
+def drop_row_keys(inputs):
+    """After the last block of a keyed run: the hidden states without the keys."""
+    return inputs[0] if isinstance(inputs, tuple) else inputs
+
+
+def stage_batch(batch: tuple[torch.Tensor, ...]) -> tuple:
+    """A trainer micro-batch as DeepSpeed's pipeline takes it: (inputs, labels), inputs (ids, row keys) if keyed."""
+    x, y, *row_keys = batch
+    return ((x, *row_keys), y) if row_keys else (x, y)
 
 
 class PipelineEngine(ZeroEngine):
@@ -73,6 +116,9 @@ class PipelineEngine(ZeroEngine):
         self.model, self.dims, self.config = None, dims, config
         self.stage = 1
         blocks = [checkpointed(b) if config.parallel.activation_checkpointing else b for b in gpt.blocks]
+        self.keyed = config.attention.needs_noise_keys
+        if self.keyed:
+            blocks = [KeyedBlock(b) for b in blocks] + [drop_row_keys]
         layers = [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
                   AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
                   TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
@@ -109,7 +155,8 @@ class PipelineEngine(ZeroEngine):
 
     def blocks(self) -> dict[int, nn.Module]:
         """This stage's transformer blocks by global layer index (layers 2 .. L+1 of the pipeline are the blocks)."""
-        return {i - 2: layer for i, layer in enumerate(self.model.forward_funcs, start=self.first_layer)
+        return {i - 2: layer.block if isinstance(layer, KeyedBlock) else layer
+                for i, layer in enumerate(self.model.forward_funcs, start=self.first_layer)
                 if 2 <= i < 2 + self.config.model.n_layer}
 
     def probe(self, batch, autocast, grad_layers, backward):
@@ -144,15 +191,18 @@ class PipelineEngine(ZeroEngine):
             loss["value"] = self._stage_loss()
             return veto(loss["value"], grad_norm)
 
-        norm, problem = self._vetoed_step(lr, judge, lambda: self.ds.train_batch(data_iter=iter(micro_batches)))
+        batches = [stage_batch(b) for b in micro_batches]
+        norm, problem = self._vetoed_step(lr, judge, lambda: self.ds.train_batch(data_iter=iter(batches)))
         return loss["value"], norm, problem
 
     @torch.no_grad()
     def eval_loss(self, batches, autocast):
         if not batches:
             return 0.0, 0
-        mean = self.ds.eval_batch(iter(batches), num_micro_batches=len(batches), bcast_loss=True)
         count = sum(len(x) for x, _ in batches)
+        if self.keyed:  # the stages expect the keyed structure; evaluation uses key 0 for every row
+            batches = [((x, torch.zeros(len(x), dtype=torch.int64, device=x.device)), y) for x, y in batches]
+        mean = self.ds.eval_batch(iter(batches), num_micro_batches=len(batches), bcast_loss=True)
         return float(mean) * count, count
 
 

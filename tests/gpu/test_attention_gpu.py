@@ -191,3 +191,132 @@ def test_cached_launch_equals_tritons_launch(fixed_config_and_poison, monkeypatc
         assert got[0].stride() == got[2][0].stride(), msg
         assert all(g.stride() == t.stride() for g, t in zip(got[1], got[2])), msg
     assert len(tf.FWD.binaries) >= 2, "the aligned and the unaligned call should have their own binaries"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Noise keys: fix=stochastic_output and the delta-error stress (delta_gain / delta_sign)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _keys(batch, seed, first_row=0):
+    from kernels.rounding import layer_keys, row_keys
+
+    return layer_keys(row_keys(seed, 3, torch.arange(first_row, first_row + batch, device="cuda")), 1)
+
+
+NOISE_CASES = [(r, f, kw) for r in kernels.ROUNDINGS for f, kw in (
+    ("stochastic_output", {}), ("none", dict(delta_gain=20.0, delta_sign="random")),
+    ("fp32_output", dict(delta_gain=5.0)), ("dynamic_max", dict(delta_gain=10.0)),
+    ("stochastic_output", dict(delta_gain=0.0)))]
+
+
+@pytest.mark.parametrize("rounding,fix,extra", NOISE_CASES,
+                         ids=[f"{r}-{f}-{kw.get('delta_gain', 1)}{kw.get('delta_sign', '')}" for r, f, kw in NOISE_CASES])
+def test_noise_modes_match_reference(rounding, fix, extra, seed):
+    """The compiled Triton paths of the noise modes (SR epilogue, amplified delta launch) against the reference,
+    with grouped-query heads and a global head offset: O within the usual GPU tolerance (exp2 and MMA order differ),
+    gradients close."""
+    seq = int(torch.randint(200, 400, (1,)))
+    q = torch.randn(2, 4, seq, 64, device="cuda").bfloat16()
+    k, v = (torch.randn(2, 2, seq, 64, device="cuda").bfloat16() for _ in range(2))
+    d_out = torch.randn(2, 4, seq, 64, device="cuda").bfloat16()
+    kw = dict(extra, noise_keys=_keys(2, seed), head_offset=4, total_heads=8)
+    results = []
+    for fn in (kernels.flash_attention, kernels.reference_attention):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, True, rounding, fix, **kw)
+        out.backward(d_out)
+        results.append((out.detach(), [t.grad for t in leaves]))
+    (out, grads), (ref_out, ref_grads) = results
+    msg = f"seed={seed} seq={seq}"
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), msg
+    assert (out != ref_out).float().mean() < 0.05, msg
+    assert rel_err(out, ref_out) < torch.finfo(out.dtype).eps, msg
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert rel_err(g, rg) < 2e-2, f"{msg}: d{name}"
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_stochastic_output_bit_for_bit_where_sums_are_exact(rounding, seed):
+    """P_bar exactly 0 or 1, every sum exact: the FP32 O is the reference's, so the SR bits must be too."""
+    seq = int(torch.randint(200, 400, (1,)))
+    q = torch.zeros(1, 2, seq, 64)
+    k = torch.zeros(1, 2, seq, 64)
+    q.scatter_(-1, torch.randint(0, 4, (1, 2, seq, 1)), 32.0)
+    k[..., :4] = -7.5
+    for a in range(4):
+        for h in range(2):
+            k[0, h, torch.randperm(seq)[: int(torch.randint(1, 5, (1,)))], a] = 30.0
+    v = torch.randint(-128, 128, (1, 2, seq, 64)) / 64.0
+    q, k, v = (t.cuda().bfloat16() for t in (q, k, v))
+    keys = _keys(1, seed)
+    out = kernels.flash_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys)
+    ref = kernels.reference_attention(q, k, v, True, rounding, "stochastic_output", block_n=64, noise_keys=keys)
+    assert torch.equal(out, ref), f"seed={seed} seq={seq}"
+
+
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix, seed):
+    """Gain 1 kept (keys or not) is the mode's path bit for bit, without an FP32 O unless the fix keeps one; gain 0
+    gives fp32_output's gradients bit for bit where the forward is fix=none's."""
+    from kernels import triton_flash
+
+    q, k, v, d_out = (torch.randn(2, 4, 300, 64, device="cuda").bfloat16() for _ in range(4))
+    keys = _keys(2, seed)
+
+    def run(fix, **kw):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = kernels.flash_attention(*leaves, True, rounding, fix, **kw)
+        out.backward(d_out)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    base = run(fix, noise_keys=keys)
+    same = run(fix, delta_gain=1.0, delta_sign="kept", noise_keys=keys)
+    assert all(torch.equal(a, b) for a, b in zip(base, same)), f"seed={seed}"
+    o32 = triton_flash.flash_fwd(q, k, v, True, rounding, fix, 2.0, 1e-3, 0, 0, 512, 1.0, "kept", keys)[2]
+    assert (o32.numel() > 0) == (fix == "fp32_output")
+    if fix in ("none", "stochastic_output"):
+        zero, fp32 = run(fix, delta_gain=0.0, noise_keys=keys), run("fp32_output")
+        for name, a, b in zip("qkv", zero[1:], fp32[1:]):
+            assert torch.equal(a, b), f"seed={seed}: d{name}"
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_torch_compile_inductor_with_noise_arguments(rounding, seed):
+    """Inductor around the custom ops with noise keys and the gain arguments: the same bits as eager."""
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda").bfloat16().requires_grad_() for _ in range(3))
+    keys = _keys(2, seed)
+
+    def step(q, k, v, keys):
+        return kernels.flash_attention(q * 1.0, k, v, True, rounding, "stochastic_output", head_offset=4,
+                                       total_heads=12, delta_gain=10.0, delta_sign="random",
+                                       noise_keys=keys).float().square().mean()
+
+    loss = torch.compile(step, fullgraph=True)(q, k, v, keys)
+    loss.backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    eager = step(q, k, v, keys)
+    eager.backward()
+    assert rel_err(loss, eager) < 1e-6
+    for a, t in zip(grads, (q, k, v)):
+        assert rel_err(a, t.grad) < 1e-3
+
+
+def test_stochastic_output_unbiased_on_gpu(seed):
+    """Over 512 keys (batch rows of identical inputs), the mean of the SR'd O is the FP32 O within 5 standard
+    errors per element (se <= ulp / (2 sqrt(512)); see tests/unit/test_attention_noise.py for the bound), while
+    fix=none's RNE O is a fixed rounding."""
+    from kernels.rounding import bf16_ulp
+
+    n = 512
+    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda").bfloat16().expand(n, -1, -1, -1).contiguous()
+               for _ in range(3))
+    keys = _keys(n, seed)
+    out = kernels.flash_attention(q, k, v, True, "fa2", "stochastic_output", noise_keys=keys).double()
+    o32 = kernels.saved_output(q[:1], k[:1], v[:1], rounding="fa2", fix="fp32_output", backend="triton").double()
+    ulp = bf16_ulp(o32)
+    mean_err = ((out - o32) / ulp).mean(0)
+    assert (mean_err.abs() < 5 * 0.5 / n**0.5).float().mean() > 0.999, f"seed={seed}"
+    assert abs(mean_err.mean().item()) < 5 * 0.5 / (n * mean_err.numel()) ** 0.5, f"seed={seed}"

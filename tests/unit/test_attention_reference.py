@@ -74,6 +74,8 @@ TOL = {torch.bfloat16: {"fa2": 6e-3, "paper": 1.2e-2}, torch.float16: {"fa2": 8e
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
 def test_reference_matches_fp64(rounding, fix, causal, dtype, seed):
+    if fix == "stochastic_output" and dtype == torch.float16:
+        pytest.skip("stochastic_output is bf16 only (fp16 inputs are refused: see test_stochastic_output_refuses_fp16)")
     seq = int(torch.randint(65, 200, (1,)))  # ragged: never a multiple of the 64-key tile
     q, k, v = (torch.randn(2, 4, seq, 64).to(dtype).requires_grad_() for _ in range(3))
     d_out = torch.randn(2, 4, seq, 64).to(dtype)

@@ -63,6 +63,19 @@ def test_arm_override_from_cli():
     (["parallel.tensor_parallel=2", "model.n_head=1"], "model.n_head=1 is not divisible by parallel.tensor_parallel=2"),
     (["parallel.tensor_parallel=2", "model.vocab_size=1001"], "set model.vocab_size=1002"),
     (["monitor.delta_bias_layers=[7]"], "layers are 0..3"),
+    (["attention.delta_gain=-1"], "attention.delta_gain=-1.0 must be a finite number >= 0"),
+    (["attention.delta_gain=.inf"], "attention.delta_gain=inf must be a finite number >= 0"),
+    (["attention.delta_gain=nan"], "attention.delta_gain=nan must be a finite number >= 0"),
+    (["attention.delta_sign=flipped"], "attention.delta_sign='flipped' is not one of: kept, random"),
+    (["arms.baseline.attention.delta_sign=sometimes"], "attention.delta_sign='sometimes' is not one of"),
+    (["attention.backend=sdpa", "arms.baseline.attention.rounding=fa2", "attention.delta_gain=20"],
+     "rounding=fa2, fix=none, delta_gain=20, delta_sign=kept needs attention.backend=triton, reference or auto"),
+    (["attention.backend=sdpa", "arms.baseline.attention.rounding=fa2", "attention.delta_sign=random"],
+     "delta_sign=random needs attention.backend"),
+    (["attention.backend=sdpa", "arms.baseline.attention.rounding=fa2", "arms.baseline.attention.fix=stochastic_output"],
+     "fix=stochastic_output needs attention.backend"),
+    (["attention.backend=triton", "precision.dtype=fp32", "arms.baseline.attention.fix=stochastic_output"],
+     "the Triton kernel takes BF16 inputs; set precision.dtype=bf16"),
     (["lr=3"], "needs a section and a field"),
     (["optim.lr"], "not of the form"),
 ])
@@ -81,6 +94,18 @@ def test_paper_block_keys_reaches_the_attention():
     for tile in (0, 64, 1024):
         config = load_config("smoke", [f"attention.paper_block_keys={tile}"])
         assert build_attention(config.attention, torch.device("cpu")).keywords["paper_block_keys"] == tile
+
+
+def test_arms_may_set_the_delta_stress_and_stochastic_output():
+    """delta_gain, delta_sign and fix=stochastic_output are attention fields: arms may differ in them (the margin
+    tool's grid), and only arms that draw random bits need row keys."""
+    overrides = ["arms.fixed.attention.delta_gain=20", "arms.fixed.attention.delta_sign=random",
+                 "arms.baseline.attention.fix=stochastic_output", "precision.dtype=bf16"]
+    fixed, base = (load_config("smoke", overrides, arm=arm).attention for arm in ("fixed", "baseline"))
+    assert (fixed.delta_gain, fixed.delta_sign, fixed.fix) == (20.0, "random", "dynamic_max") and fixed.needs_noise_keys
+    assert (base.delta_gain, base.delta_sign, base.fix) == (1.0, "kept", "stochastic_output") and base.needs_noise_keys
+    assert not load_config("smoke", ["attention.delta_gain=0"]).attention.needs_noise_keys
+    assert "attention.delta_gain = 1.0" in describe() and "attention.delta_sign = 'kept'" in describe()
 
 
 def test_world_size_divides_batch():
@@ -146,3 +171,15 @@ def test_fused_fp8_parameters_keep_the_plain_model_names():
     assert canonical_name("blocks.3.mlp.fused.fc2_bias") == "blocks.3.mlp.fc_out.bias"
     assert canonical_name("blocks.10.mlp.fused.layer_norm_weight") == "blocks.10.ln2.weight"
     assert canonical_name("blocks.3.attn.q_proj.weight") == "blocks.3.attn.q_proj.weight"
+
+
+def test_stochastic_output_on_a_gpu_needs_bf16(monkeypatch, tmp_path):
+    """On a GPU, backend auto is the Triton kernel, which takes BF16 inputs only: fp32 precision is refused up front."""
+    from launcher.config import environment_problems
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = load_config("smoke", ["arms.baseline.attention.fix=stochastic_output", "precision.dtype=fp32",
+                                   f"run.out_dir={tmp_path}"])
+    assert any("stochastic_output on a GPU" in p and "precision.dtype=bf16" in p for p in environment_problems(config))
+    config.precision.dtype = "bf16"
+    assert not any("stochastic_output" in p for p in environment_problems(config))

@@ -208,6 +208,8 @@ def _expected_tags(config, with_delta_cos):
                                                                 for h in range(H)}
         stats = tags.DELTA_STATS if with_delta_cos else ("sum", "cum")
         names |= {tags.delta_bias(i, s) for s in stats} | {tags.delta_bias(i, s, h) for s in stats for h in range(H)}
+    if config.monitor.warning_layer < config.model.n_layer:  # the early warning (warning.py) logs its flag
+        names.add(tags.WARNING)
     return names
 
 
