@@ -256,10 +256,13 @@ def test_stochastic_output_bit_for_bit_where_sums_are_exact(rounding, seed):
 
 
 @pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
-def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix, seed):
+def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(fixed_config_and_poison, rounding, fix, seed):
     """Gain 1 kept (keys or not) is the mode's path bit for bit, without an FP32 O unless the fix keeps one; gain 0
-    gives fp32_output's gradients bit for bit where the forward is fix=none's."""
-    from kernels import triton_flash
+    gives fp32_output's gradients bit for bit where the forward is fix=none's.
+
+    Fixed tile configurations: the autotuner keys its choice by the fix, so stochastic_output and fp32_output may
+    run their forwards with other key tiles, whose FP32 O differs in the last bits (seen on the H200, 2026-12-01)."""
+    triton_flash = fixed_config_and_poison
 
     q, k, v, d_out = (torch.randn(2, 4, 300, 64, device="cuda").bfloat16() for _ in range(4))
     keys = _keys(2, seed)
