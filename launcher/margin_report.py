@@ -367,13 +367,19 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
     figures = []
     for numerics in m.numerics:
         keys = [k for k, a in plan.arms.items() if a.cells[0].numerics == numerics and scalars.get(k)]
+        rounding = numerics.split("/")[0]
+        # the same rounding with an FP32 delta (no delta error), drawn grey as the reference of the other figures
+        refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/fp32_output"
+                and scalars.get(k) and k not in keys]
         name = f"curves_{numerics.replace('/', '-')}.png"
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
-        panels = [("train loss (nats)", lambda sc: sc.get(tags.TRAIN_LOSS), False),
-                  ("L01 largest W_Q head spectral norm", lambda sc: max_wq_head(sc, 1), True),
-                  ("L01 tie rate (probe batch)", lambda sc: sc.get(tags.attn(1, "tie_rate")), True)]
+        # scale: None linear, "log" (W_Q norms are > 0), "symlog" (tie rates from 1% to ~40%, and 0 stays visible)
+        panels = [("train loss (nats)", lambda sc: sc.get(tags.TRAIN_LOSS), None),
+                  ("L01 largest W_Q head spectral norm", lambda sc: max_wq_head(sc, 1), "log"),
+                  ("L01 tie rate (probe batch; linear below 0.001)", lambda sc: sc.get(tags.attn(1, "tie_rate")),
+                   "symlog")]
         for ax, (title, get, log) in zip(axes, panels):
-            for key in keys:
+            for key in refs + keys:
                 spec = plan.arms[key]
                 cell = spec.cells[0]
                 series = get(scalars[key])
@@ -383,13 +389,14 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
                 if title.startswith("train"):
                     values = smooth(values, 5)
                 collapsed = len(spec.cells) > 1 and len({c.gain for c in spec.cells}) > 1
-                c = "k" if collapsed else color.get(cell.gain, "k")
+                c = "0.6" if key in refs else "k" if collapsed else color.get(cell.gain, "k")
                 ls = "--" if cell.sign == "random" and not collapsed else "-"
-                label = f"all gains ({cell.numerics})" if collapsed else f"g={cell.gain:g} {cell.sign}"
+                label = (f"{cell.numerics} (reference)" if key in refs else
+                         f"all gains ({cell.numerics})" if collapsed else f"g={cell.gain:g} {cell.sign}")
                 if len(m.seeds) > 1:
                     label += f" s{spec.seed}"
                 finite = np.isfinite(values)
-                if log:
+                if log == "log":
                     finite &= values > 0
                 ax.plot(steps[finite], values[finite], ls, color=c, lw=1.4, label=label)
                 st = status.get(key, {})
@@ -398,7 +405,10 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
                 w = warnings.get(key)
                 if w is not None and title.startswith("train"):
                     ax.plot([w], [np.interp(w, steps[finite], values[finite])], "v", color=c, ms=7)
-            if log:
+            if log == "symlog":
+                ax.set_yscale("symlog", linthresh=1e-3)
+                ax.set_ylim(bottom=0)
+            elif log:
                 ax.set_yscale("log")
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("optimizer step")
@@ -410,7 +420,8 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
             fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                        title="gain, sign (dashed: random)")
         fig.suptitle(f"{numerics}: dotted vertical line = divergence step, triangle = early warning onset; "
-                     f"curves end where a diverged arm was stopped", fontsize=10)
+                     f"curves end where a diverged arm was stopped" + (f"; grey = {rounding}/fp32_output" if refs else ""),
+                     fontsize=10)
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
