@@ -266,6 +266,16 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
             r = margins.get((numerics, "random", seed))
             md.append(f"| {numerics} | {seed} | {_mtext(k)} | {_mtext(r)} | "
                       f"{bias_verdict(k, r, outcomes.get((numerics, 'kept', seed), {}), outcomes.get((numerics, 'random', seed), {}))} |")
+    if len(m.seeds) > 1:
+        md += ["", "Over seeds: a gain survives if it survived in every seed, diverges if it diverged in any "
+               "(how many in parentheses).", "", "| numerics | kept | random | control |", "|---|---|---|---|"]
+        for numerics in m.numerics:
+            pooled = {sign: pool_seeds([outcomes[(numerics, sign, seed)] for seed in m.seeds
+                                        if (numerics, sign, seed) in outcomes]) for sign in m.signs}
+            pm = {sign: margin_of(o) for sign, o in pooled.items() if o}
+            md.append(f"| {numerics} | {_pooled_text(pm.get('kept'), pooled.get('kept'))} | "
+                      f"{_pooled_text(pm.get('random'), pooled.get('random'))} | "
+                      f"{bias_verdict(pm.get('kept'), pm.get('random'), pooled.get('kept', {}), pooled.get('random', {}))} |")
     md += ["", "## Every cell", "",
            "S survived, D@step diverged at that step, (..) implied by the bisection, - not run, fail: the arm "
            "crashed (see its log).", ""]
@@ -311,6 +321,32 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
     print("\n".join(line for line in md if not line.startswith("![")))
     print(f"[margin] report: {out / 'margin.html'}", flush=True)
     return out / "margin.html"
+
+
+def pool_seeds(per_seed: list[dict[float, Outcome]]) -> dict[float, Outcome]:
+    """One outcome per gain over seeds: diverged if any seed diverged there, survived if all survived, else
+    unknown; ``step`` of a pooled divergence is the number of seeds that diverged."""
+    out = {}
+    for g in (per_seed[0] if per_seed else {}):
+        cells = [o[g] for o in per_seed]
+        diverged = [c for c in cells if c.status == "diverged"]
+        if diverged:
+            out[g] = Outcome("diverged", all(c.observed for c in diverged), len(diverged))
+        elif all(c.status == "survived" for c in cells):
+            out[g] = Outcome("survived", all(c.observed for c in cells))
+        else:
+            out[g] = Outcome("none", False)
+    return out
+
+
+def _pooled_text(margin: Optional[Margin], pooled: Optional[dict]) -> str:
+    if margin is None or not pooled:
+        return "n/a"
+    text = _mtext(margin)
+    if margin.smallest_diverged is not None:
+        n = pooled[margin.smallest_diverged].step
+        text += f" ({n} seed{'s' if n != 1 else ''})"
+    return text
 
 
 def _mtext(margin: Optional[Margin]) -> str:
