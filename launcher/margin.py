@@ -388,9 +388,9 @@ def fit_problems(plan: Plan, steps: int, on_gpu: bool, gpu_gb: float) -> list[st
     problems = []
     est = estimate(plan, steps)
     if m.budget_minutes and est.minutes > m.budget_minutes:
-        problems.append(f"the grid needs ~{est.minutes:.1f} min ({est.describe(m, steps)}), above margin.budget_minutes="
-                        f"{m.budget_minutes:g}: drop gains, numerics, signs or seeds, lower run.max_steps, raise "
-                        "margin.processes, " + ("use margin.schedule=bisect, " if m.schedule == "full" else "")
+        problems.append(f"the grid needs ~{est.minutes:.1f} min ({est.describe(m, steps)}), above "
+                        f"margin.budget_minutes={m.budget_minutes:g}: drop gains, numerics, signs or seeds, lower "
+                        "run.max_steps, raise margin.processes, " + ("use margin.schedule=bisect, " if m.schedule == "full" else "")
                         + "or raise margin.budget_minutes")
     if on_gpu and m.processes * m.arm_memory_gb > 0.92 * gpu_gb:
         fit = max(1, int(0.92 * gpu_gb // max(m.arm_memory_gb, 1e-9)))

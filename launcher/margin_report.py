@@ -264,8 +264,9 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         for seed in m.seeds:
             k = margins.get((numerics, "kept", seed))
             r = margins.get((numerics, "random", seed))
-            md.append(f"| {numerics} | {seed} | {_mtext(k)} | {_mtext(r)} | "
-                      f"{bias_verdict(k, r, outcomes.get((numerics, 'kept', seed), {}), outcomes.get((numerics, 'random', seed), {}))} |")
+            control = bias_verdict(k, r, outcomes.get((numerics, "kept", seed), {}),
+                                   outcomes.get((numerics, "random", seed), {}))
+            md.append(f"| {numerics} | {seed} | {_mtext(k)} | {_mtext(r)} | {control} |")
     if len(m.seeds) > 1:
         md += ["", "Over seeds: a gain survives if it survived in every seed, diverges if it diverged in any "
                "(how many in parentheses).", "", "| numerics | kept | random | control |", "|---|---|---|---|"]
@@ -273,9 +274,10 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
             pooled = {sign: pool_seeds([outcomes[(numerics, sign, seed)] for seed in m.seeds
                                         if (numerics, sign, seed) in outcomes]) for sign in m.signs}
             pm = {sign: margin_of(o) for sign, o in pooled.items() if o}
+            control = bias_verdict(pm.get("kept"), pm.get("random"), pooled.get("kept", {}),
+                                   pooled.get("random", {}))
             md.append(f"| {numerics} | {_pooled_text(pm.get('kept'), pooled.get('kept'))} | "
-                      f"{_pooled_text(pm.get('random'), pooled.get('random'))} | "
-                      f"{bias_verdict(pm.get('kept'), pm.get('random'), pooled.get('kept', {}), pooled.get('random', {}))} |")
+                      f"{_pooled_text(pm.get('random'), pooled.get('random'))} | {control} |")
     md += ["", "## Every cell", "",
            "S survived, D@step diverged at that step, (..) implied by the bisection, - not run, fail: the arm "
            "crashed (see its log).", ""]
@@ -456,7 +458,8 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
             fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                        title="gain, sign (dashed: random)")
         fig.suptitle(f"{numerics}: dotted vertical line = divergence step, triangle = early warning onset; "
-                     f"curves end where a diverged arm was stopped" + (f"; grey = {rounding}/fp32_output" if refs else ""),
+                     "curves end where a diverged arm was stopped"
+                     + (f"; grey = {rounding}/fp32_output" if refs else ""),
                      fontsize=10)
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, bbox_inches="tight")

@@ -1,7 +1,7 @@
-"""``python -m launcher.margin`` end to end on CPU: two arms of a smoke-size model on the embedded corpus (arms that differ in
-attention.fix, fields every checkout has) trained side by side for tens of steps, the report written; a rerun trains
-nothing and rewrites the report. Plumbing only: nothing diverges at this size (the rules are tested in
-tests/unit/test_margin.py)."""
+"""``python -m launcher.margin`` end to end on CPU: two arms of a smoke-size model on the embedded corpus (arms that
+differ in attention.fix, fields every checkout has) trained side by side for tens of steps, the report written; a
+rerun trains nothing and rewrites the report; Ctrl-C saves every arm and the same command resumes them. Plumbing
+only: nothing diverges at this size (the rules are tested in tests/unit/test_margin.py)."""
 
 import json
 
