@@ -388,9 +388,10 @@ def fit_problems(plan: Plan, steps: int, on_gpu: bool, gpu_gb: float) -> list[st
     problems = []
     est = estimate(plan, steps)
     if m.budget_minutes and est.minutes > m.budget_minutes:
-        problems.append(f"the grid needs ~{est.minutes:.1f} min ({est.describe(m, steps)}), above margin.budget_minutes="
-                        f"{m.budget_minutes:g}: drop gains, numerics, signs or seeds, lower run.max_steps, raise "
-                        "margin.processes, use margin.schedule=bisect, or raise margin.budget_minutes")
+        problems.append(f"the grid needs ~{est.minutes:.1f} min ({est.describe(m, steps)}), above "
+                        f"margin.budget_minutes={m.budget_minutes:g}: drop gains, numerics, signs or seeds, lower "
+                        "run.max_steps, raise margin.processes, " + ("use margin.schedule=bisect, " if m.schedule == "full" else "")
+                        + "or raise margin.budget_minutes")
     if on_gpu and m.processes * m.arm_memory_gb > 0.92 * gpu_gb:
         fit = max(1, int(0.92 * gpu_gb // max(m.arm_memory_gb, 1e-9)))
         problems.append(f"margin.processes={m.processes} x margin.arm_memory_gb={m.arm_memory_gb:g} GB does not fit in "
@@ -425,6 +426,8 @@ class ArmProcess:
         self.started = time.monotonic()
         self.first_step: Optional[int] = None
         self.last_line = ""
+        self.bad_step = ""  # the trainer's guard message, if it stopped the arm
+        self.stop_reason: Optional[str] = None
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "a")
         cmd = [sys.executable, "-m", "launcher.pretrain", str(recipe), "--arm", spec.name, "--no-report"]
@@ -435,7 +438,6 @@ class ArmProcess:
                                       start_new_session=True, bufsize=1)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
-        self.stop_reason: Optional[str] = None
 
     def _read(self) -> None:
         for line in self.popen.stdout:
@@ -443,6 +445,8 @@ class ArmProcess:
             self.log.flush()
             if line.strip():
                 self.last_line = line.strip()
+                if "BAD STEP" in line:
+                    self.bad_step = line.strip()
             got = parse_progress(line)
             if got is not None:
                 step, loss, grad = got
@@ -526,7 +530,6 @@ class Runner:
         spec = self.plan.arms[key]
         if key not in self.curves:
             self.curves[key] = self._load_curves(key)
-        # points a resumed arm logs again replace the old ones: keep only those before its checkpoint
         recipe = self.dir / f"seed_{spec.seed}" / "recipe.yaml"
         log = self.dir / f"seed_{spec.seed}" / "logs" / f"{spec.name}.log"
         self.procs[key] = ArmProcess(spec, recipe, log, self._env(), self.curves[key])
@@ -580,8 +583,9 @@ class Runner:
                 self._record(key, status="survived", step=max(last, self.max_steps))
                 print(f"[margin] {key} survived {self.max_steps} steps", flush=True)
             elif rc == 3:  # the trainer's guard stopped it: a non-finite loss or gradient
-                self._record(key, status="diverged", step=last, reason=f"trainer guard: {proc.last_line}")
-                print(f"[margin] {key} DIVERGED (trainer guard): {proc.last_line}", flush=True)
+                why = (proc.bad_step or proc.last_line).split("; the update")[0]
+                self._record(key, status="diverged", step=last, reason=f"trainer guard: {why}")
+                print(f"[margin] {key} DIVERGED (trainer guard): {why}", flush=True)
             elif rc == 130:  # saved and stopped on a signal: the next invocation resumes it
                 self._record(key, status="interrupted", step=last)
             else:

@@ -264,8 +264,20 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         for seed in m.seeds:
             k = margins.get((numerics, "kept", seed))
             r = margins.get((numerics, "random", seed))
-            md.append(f"| {numerics} | {seed} | {_mtext(k)} | {_mtext(r)} | "
-                      f"{bias_verdict(k, r, outcomes.get((numerics, 'kept', seed), {}), outcomes.get((numerics, 'random', seed), {}))} |")
+            control = bias_verdict(k, r, outcomes.get((numerics, "kept", seed), {}),
+                                   outcomes.get((numerics, "random", seed), {}))
+            md.append(f"| {numerics} | {seed} | {_mtext(k)} | {_mtext(r)} | {control} |")
+    if len(m.seeds) > 1:
+        md += ["", "Over seeds: a gain survives if it survived in every seed, diverges if it diverged in any "
+               "(how many in parentheses).", "", "| numerics | kept | random | control |", "|---|---|---|---|"]
+        for numerics in m.numerics:
+            pooled = {sign: pool_seeds([outcomes[(numerics, sign, seed)] for seed in m.seeds
+                                        if (numerics, sign, seed) in outcomes]) for sign in m.signs}
+            pm = {sign: margin_of(o) for sign, o in pooled.items() if o}
+            control = bias_verdict(pm.get("kept"), pm.get("random"), pooled.get("kept", {}),
+                                   pooled.get("random", {}))
+            md.append(f"| {numerics} | {_pooled_text(pm.get('kept'), pooled.get('kept'))} | "
+                      f"{_pooled_text(pm.get('random'), pooled.get('random'))} | {control} |")
     md += ["", "## Every cell", "",
            "S survived, D@step diverged at that step, (..) implied by the bisection, - not run, fail: the arm "
            "crashed (see its log).", ""]
@@ -311,6 +323,32 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
     print("\n".join(line for line in md if not line.startswith("![")))
     print(f"[margin] report: {out / 'margin.html'}", flush=True)
     return out / "margin.html"
+
+
+def pool_seeds(per_seed: list[dict[float, Outcome]]) -> dict[float, Outcome]:
+    """One outcome per gain over seeds: diverged if any seed diverged there, survived if all survived, else
+    unknown; ``step`` of a pooled divergence is the number of seeds that diverged."""
+    out = {}
+    for g in (per_seed[0] if per_seed else {}):
+        cells = [o[g] for o in per_seed]
+        diverged = [c for c in cells if c.status == "diverged"]
+        if diverged:
+            out[g] = Outcome("diverged", all(c.observed for c in diverged), len(diverged))
+        elif all(c.status == "survived" for c in cells):
+            out[g] = Outcome("survived", all(c.observed for c in cells))
+        else:
+            out[g] = Outcome("none", False)
+    return out
+
+
+def _pooled_text(margin: Optional[Margin], pooled: Optional[dict]) -> str:
+    if margin is None or not pooled:
+        return "n/a"
+    text = _mtext(margin)
+    if margin.smallest_diverged is not None:
+        n = pooled[margin.smallest_diverged].step
+        text += f" ({n} seed{'s' if n != 1 else ''})"
+    return text
 
 
 def _mtext(margin: Optional[Margin]) -> str:
@@ -367,13 +405,19 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
     figures = []
     for numerics in m.numerics:
         keys = [k for k, a in plan.arms.items() if a.cells[0].numerics == numerics and scalars.get(k)]
+        rounding = numerics.split("/")[0]
+        # the same rounding with an FP32 delta (no delta error), drawn grey as the reference of the other figures
+        refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/fp32_output"
+                and scalars.get(k) and k not in keys]
         name = f"curves_{numerics.replace('/', '-')}.png"
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
-        panels = [("train loss (nats)", lambda sc: sc.get(tags.TRAIN_LOSS), False),
-                  ("L01 largest W_Q head spectral norm", lambda sc: max_wq_head(sc, 1), True),
-                  ("L01 tie rate (probe batch)", lambda sc: sc.get(tags.attn(1, "tie_rate")), True)]
+        # scale: None linear, "log" (W_Q norms are > 0), "symlog" (tie rates from 1% to ~40%, and 0 stays visible)
+        panels = [("train loss (nats)", lambda sc: sc.get(tags.TRAIN_LOSS), None),
+                  ("L01 largest W_Q head spectral norm", lambda sc: max_wq_head(sc, 1), "log"),
+                  ("L01 tie rate (probe batch; linear below 0.001)", lambda sc: sc.get(tags.attn(1, "tie_rate")),
+                   "symlog")]
         for ax, (title, get, log) in zip(axes, panels):
-            for key in keys:
+            for key in refs + keys:
                 spec = plan.arms[key]
                 cell = spec.cells[0]
                 series = get(scalars[key])
@@ -383,13 +427,14 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
                 if title.startswith("train"):
                     values = smooth(values, 5)
                 collapsed = len(spec.cells) > 1 and len({c.gain for c in spec.cells}) > 1
-                c = "k" if collapsed else color.get(cell.gain, "k")
+                c = "0.6" if key in refs else "k" if collapsed else color.get(cell.gain, "k")
                 ls = "--" if cell.sign == "random" and not collapsed else "-"
-                label = f"all gains ({cell.numerics})" if collapsed else f"g={cell.gain:g} {cell.sign}"
+                label = (f"{cell.numerics} (reference)" if key in refs else
+                         f"all gains ({cell.numerics})" if collapsed else f"g={cell.gain:g} {cell.sign}")
                 if len(m.seeds) > 1:
                     label += f" s{spec.seed}"
                 finite = np.isfinite(values)
-                if log:
+                if log == "log":
                     finite &= values > 0
                 ax.plot(steps[finite], values[finite], ls, color=c, lw=1.4, label=label)
                 st = status.get(key, {})
@@ -398,7 +443,10 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
                 w = warnings.get(key)
                 if w is not None and title.startswith("train"):
                     ax.plot([w], [np.interp(w, steps[finite], values[finite])], "v", color=c, ms=7)
-            if log:
+            if log == "symlog":
+                ax.set_yscale("symlog", linthresh=1e-3)
+                ax.set_ylim(bottom=0)
+            elif log:
                 ax.set_yscale("log")
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("optimizer step")
@@ -410,7 +458,9 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
             fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                        title="gain, sign (dashed: random)")
         fig.suptitle(f"{numerics}: dotted vertical line = divergence step, triangle = early warning onset; "
-                     f"curves end where a diverged arm was stopped", fontsize=10)
+                     "curves end where a diverged arm was stopped"
+                     + (f"; grey = {rounding}/fp32_output" if refs else ""),
+                     fontsize=10)
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)

@@ -1,7 +1,7 @@
-"""``python -m launcher.margin`` end to end on CPU: two arms of the smoke-size model (arms that differ in
-attention.fix, fields every checkout has) trained side by side for tens of steps, the report written; a rerun trains
-nothing and rewrites the report. Plumbing only: nothing diverges at this size (the rules are tested in
-tests/unit/test_margin.py)."""
+"""``python -m launcher.margin`` end to end on CPU: two arms of a smoke-size model on the embedded corpus (arms that
+differ in attention.fix, fields every checkout has) trained side by side for tens of steps, the report written; a
+rerun trains nothing and rewrites the report; Ctrl-C saves every arm and the same command resumes them. Plumbing
+only: nothing diverges at this size (the rules are tested in tests/unit/test_margin.py)."""
 
 import json
 
@@ -9,15 +9,16 @@ from tests.runs import launch
 
 TINY = ["margin.numerics=[paper/none,paper/fp32_output]", "margin.gains=[1]", "margin.signs=[kept]",
         "margin.processes=2", "margin.progress_seconds=5", "margin.budget_minutes=5", "margin.step_seconds=0.2",
-        "margin.startup_seconds=10", "data.data_dir=data/cache/kjv", "precision.dtype=auto", "run.max_steps=20",
+        "margin.startup_seconds=10", "precision.dtype=auto", "run.max_steps=20",
         "model.n_layer=2", "model.d_model=128", "model.n_head=2", "model.max_seq_len=64", "data.seq_len=64",
         "data.global_batch_size=4", "data.micro_batch_size=4", "optim.warmup_steps=5", "eval.interval=0",
         "monitor.spectral_interval=5", "monitor.probe_interval=5", "monitor.delta_bias_layers=[]",
         "monitor.warning_after_step=5", "monitor.warning_window=10"]
 
 
-def test_margin_cli_two_arms(tmp_path):
-    args = ["margin", *TINY, f"run.out_dir={tmp_path}", "run.experiment=m"]
+def test_margin_cli_two_arms(tmp_path, kjv_data):
+    # kjv_data: the embedded corpus prepared once per test session (conftest.py)
+    args = ["margin", *TINY, f"data.data_dir={kjv_data}", f"run.out_dir={tmp_path}", "run.experiment=m"]
     proc = launch(args, module="launcher.margin", timeout=300)
     out = proc.stdout
     assert "2 cells -> 2 distinct runs" in out and "estimate:" in out
@@ -40,7 +41,7 @@ def test_margin_cli_two_arms(tmp_path):
     assert "[margin] start" not in again and "[margin] report:" in again
 
 
-def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path):
+def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path, kjv_data):
     import os
     import signal
     import subprocess
@@ -49,7 +50,8 @@ def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path):
 
     from tests.runs import REPO, launcher_env
 
-    args = ["margin", *TINY, "run.max_steps=400", "run.log_interval=5", f"run.out_dir={tmp_path}", "run.experiment=m"]
+    args = ["margin", *TINY, f"data.data_dir={kjv_data}", "run.max_steps=400", "run.log_interval=5",
+            f"run.out_dir={tmp_path}", "run.experiment=m"]
     log = tmp_path / "m" / "seed_1337" / "logs" / "paper-none_g1_kept.log"
     with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:

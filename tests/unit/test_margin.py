@@ -193,14 +193,15 @@ def test_warning_state_resumes_exactly():
 # The report on synthetic event files, and config errors
 
 
-def test_report_on_synthetic_events(tmp_path):
+@pytest.mark.parametrize("seeds", [[7], [7, 8]])
+def test_report_on_synthetic_events(tmp_path, seeds):
     from torch.utils.tensorboard import SummaryWriter
 
     from launcher.config import Config
     from launcher.margin import STATE_FILE, save_state
 
     grid = MarginConfig(numerics=["paper/none", "paper/fp32_output"], gains=[1, 10, 20, 50], signs=["kept", "random"],
-                        seeds=[7], schedule="full")
+                        seeds=seeds, schedule="full")
     plan = expand(grid)
     config = Config()
     config.run.max_steps = 1000
@@ -228,7 +229,9 @@ def test_report_on_synthetic_events(tmp_path):
     assert page.is_file() and (tmp_path / "margin_report" / "curves_paper-none.png").is_file()
     assert "| paper/none | 7 | survives 10 / diverges 20 | survives 20 / diverges 50 |" in text
     assert "bias: random sign survives g=20 where kept diverges" in text
-    assert "lead " in text and "of 3 diverged arms" in text
+    assert "lead " in text and f"of {3 * len(seeds)} diverged arms" in text
+    if len(seeds) > 1:
+        assert "| paper/none | survives 10 / diverges 20 (2 seeds) | survives 20 / diverges 50 (2 seeds) |" in text
     for spec in plan.arms.values():
         assert f"| {spec.name} |" in text
 
@@ -245,3 +248,14 @@ def test_config_errors_are_one_line_exit_2(override, needle):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle.lower() in lines[0].lower(), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_seeds_pool_into_one_margin():
+    def outcomes(threshold):
+        return {g: mr.Outcome("diverged" if g >= threshold else "survived", True, 10) for g in (1, 10, 20, 50)}
+
+    pooled = mr.pool_seeds([outcomes(20), outcomes(50)])
+    margin = mr.margin_of(pooled)
+    assert (margin.largest_survived, margin.smallest_diverged) == (10, 20)
+    assert pooled[20].step == 1 and pooled[50].step == 2  # seeds that diverged there
+    assert mr._pooled_text(margin, pooled).endswith("(1 seed)")
