@@ -427,13 +427,12 @@ def test_fake_kernels_match_the_real_ops_on_model_layout_inputs(seed, rounding, 
 def test_compiled_model_with_the_kernel_matches_eager(seed, fix):
     """The GPT with the kernel compiles as one graph (fullgraph: no graph break inside the model), and its loss and
     gradients equal the eager model's; the kernel sees the model's non-contiguous q, k, v views."""
-    import functools
-
     from model import GPT, GPTConfig
+    from model.attention import KernelAttention
 
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=64, max_seq_len=32, n_layer=2, n_head=2, d_model=64))
-    model.set_attention(functools.partial(kernels.flash_attention, causal=True, rounding="fa2", fix=fix))
+    model.set_attention(KernelAttention(kernels.flash_attention, dict(causal=True, rounding="fa2", fix=fix), False))
     x, y = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
 
     def loss_and_grads(forward):
