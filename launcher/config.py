@@ -188,7 +188,11 @@ class RunConfig:
     """Wrap the model in torch.compile (GPU)."""
     overwrite: bool = False
     """Start over in a run folder that holds an earlier run: delete its events, checkpoints and batch offsets first
-    (with checkpoint.resume=false; without this, such a folder is refused)."""
+    (only with checkpoint.resume=false; without this, such a folder is refused)."""
+    allow_changes: bool = False
+    """Resume although settings that change the training differ from the checkpoint's (see SAFE_CHANGES in
+    launcher/config.py for those that never need this); each change is recorded with the step it took effect in
+    <run_dir>/changes.yaml. Without it such a resume is refused with the differences listed."""
     peak_tflops: float = 0.0
     """Peak dense TFLOP/s of one device for the MFU figure; 0 means look it up by device name (no MFU on CPU)."""
 
@@ -517,6 +521,9 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append(f"run.max_minutes={r.max_minutes} must be >= 0 (0: no time limit)")
     if r.log_interval <= 0:
         problems.append("run.log_interval must be positive")
+    if r.overwrite and config.checkpoint.resume:  # refused here, before anything is deleted
+        problems.append("run.overwrite=true deletes the folder's earlier run, but checkpoint.resume=true (the default) "
+                        "would continue it: add checkpoint.resume=false to start over, or drop run.overwrite=true")
     problems += _choice(r.device, ("auto", "cuda", "cpu"), "run.device")
     problems += _choice(config.guard.action, ("stop", "skip"), "guard.action")
     if config.eval.interval < 0 or config.checkpoint.interval < 0:
@@ -625,6 +632,67 @@ def layout_problems(config: Config, world_size: int) -> list[str]:
                         f"validation sequences cannot be split evenly over {dp} data-parallel ranks; for example set "
                         f"eval.batches={batches}")
     return problems
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resuming with other settings
+
+SAFE_CHANGES = (
+    "run.max_steps", "run.max_minutes", "run.log_interval", "run.overwrite", "run.allow_changes", "run.out_dir",
+    "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval", "monitor.probe_interval",
+    "checkpoint.interval", "checkpoint.enabled", "checkpoint.resume", "data.micro_batch_size", "parallel.*", "arms",
+)
+"""Fields a resumed run may change without run.allow_changes: they say how long to train, how often to log, evaluate,
+monitor and save, where the outputs go, and how the same computation is laid out over processes (every layout
+computes the same steps; docs/parallelism.md). run.max_steps is safe because the comparison is made on the effective
+schedule: with optim.decay_steps=0 the cosine ends at run.max_steps, so a new run.max_steps changes the effective
+optim.decay_steps, and that change is not safe. ``arms`` holds the other arms' settings; this arm's are in
+``attention``. Everything else (learning rate, schedule, model, data, seed, attention numerics, precision, guard,
+evaluation batches, ...) changes what is trained or measured."""
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "arms":
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _effective(tree: dict) -> dict[str, Any]:
+    flat = _flatten(tree)
+    if not flat.get("optim.decay_steps"):  # 0 means run.max_steps: compare the schedule actually followed
+        flat["optim.decay_steps"] = flat.get("run.max_steps")
+    return flat
+
+
+def _is_safe(name: str) -> bool:
+    return any(name == s or (s.endswith(".*") and name.startswith(s[:-1])) for s in SAFE_CHANGES)
+
+
+def config_changes(trained: dict, now: Config) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """(safe, unsafe) differences between the config a checkpoint was trained with and ``now``, as
+    {dotted field: (trained value, new value)}; fields the checkpoint's config lacks (older code) are ignored."""
+    before, after = _effective(trained), _effective(now.to_dict())
+    diffs = {k: (before[k], after[k]) for k in after if k in before and before[k] != after[k]}
+    safe = {k: v for k, v in diffs.items() if _is_safe(k)}
+    return safe, {k: v for k, v in diffs.items() if k not in safe}
+
+
+def changes_refusal(unsafe: dict[str, tuple], step: int, run_dir: Path) -> str:
+    """The message of a resume refused for settings that change the training."""
+    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(unsafe.items()))  # trained -> asked
+    hint = ""
+    if "optim.decay_steps" in unsafe:
+        hint = (f" (optim.decay_steps=0 ends the cosine at run.max_steps; to change run.max_steps on the same "
+                f"schedule, set optim.decay_steps={unsafe['optim.decay_steps'][0]})")
+    return (f"{run_dir} was trained to step {step} with other settings: {listed}{hint}. Resuming would change the "
+            "training and the folder would no longer say what trained: drop those overrides to continue the run as "
+            "it was, use another run.experiment (or checkpoint.resume=false run.overwrite=true) to start over with "
+            "them, or set run.allow_changes=true to continue with them (recorded in changes.yaml)")
 
 
 # ----------------------------------------------------------------------------------------------------------------

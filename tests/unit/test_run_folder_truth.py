@@ -1,0 +1,46 @@
+"""A run folder never lies (issue 21): a command that will fail deletes nothing, a resume with other settings is
+refused unless allowed (and then recorded), a replay is of exactly the recorded batches. Subprocess CLI tests."""
+
+import hashlib
+
+import yaml
+
+from tests.unit.test_user_mistakes import cli, one_line_error
+
+
+def snapshot(folder):
+    """Every file under ``folder`` with its content hash: equal snapshots mean nothing was deleted or rewritten."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def test_overwrite_without_resume_false_fails_before_deleting(tiny_overrides, tmp_path):
+    args = ["smoke", *tiny_overrides, "--arm", "baseline", "run.max_steps=3"]
+    assert cli(*args).returncode == 0
+    before = snapshot(tmp_path / "runs")
+    out = one_line_error(cli(*args, "run.overwrite=true"))
+    assert "add checkpoint.resume=false to start over" in out and "removed" not in out, out
+    assert snapshot(tmp_path / "runs") == before
+
+
+def test_a_resume_with_other_settings_is_refused_unless_allowed_and_then_recorded(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "runs" / "smoke" / "baseline"
+    args = ["smoke", *tiny_overrides, "--arm", "baseline", "optim.decay_steps=0"]
+    assert cli(*args, "run.max_steps=3").returncode == 0
+    config = (run_dir / "config.yaml").read_text()
+    before = snapshot(tmp_path / "runs")
+    out = one_line_error(cli(*args, "run.max_steps=3", "optim.lr=1e-3"))  # a finished run: would train nothing
+    assert "optim.lr: 0.003 -> 0.001" in out and "run.allow_changes=true" in out, out
+    out = one_line_error(cli(*args, "run.max_steps=4"))  # the cosine would end at step 4, not 3
+    assert "optim.decay_steps: 3 -> 4" in out and "set optim.decay_steps=3" in out, out
+    assert snapshot(tmp_path / "runs") == before
+
+    longer = cli(*args, "run.max_steps=4", "optim.decay_steps=3")  # same schedule, longer: safe
+    assert longer.returncode == 0 and "run.max_steps 3 -> 4" in longer.stdout, longer.stdout + longer.stderr
+    allowed = cli(*args, "run.max_steps=5", "optim.decay_steps=3", "optim.min_lr=1e-4", "run.allow_changes=true")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert (run_dir / "config.yaml").read_text() == config  # the settings the run started with
+    changes = yaml.safe_load((run_dir / "changes.yaml").read_text())
+    assert [(c["step"], sorted(c["changes"])) for c in changes] == [
+        (3, ["run.max_steps"]), (4, ["optim.min_lr", "run.allow_changes", "run.max_steps"])]
+    assert changes[1]["changes"]["optim.min_lr"] == {"from": 3e-5, "to": 1e-4}
