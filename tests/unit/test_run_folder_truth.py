@@ -44,3 +44,12 @@ def test_a_resume_with_other_settings_is_refused_unless_allowed_and_then_recorde
     assert [(c["step"], sorted(c["changes"])) for c in changes] == [
         (3, ["run.max_steps"]), (4, ["optim.min_lr", "run.allow_changes", "run.max_steps"])]
     assert changes[1]["changes"]["optim.min_lr"] == {"from": 3e-5, "to": 1e-4}
+
+
+def test_a_replay_with_another_batch_size_is_refused(tiny_overrides, tmp_path):
+    assert cli("smoke", *tiny_overrides, "--arm", "baseline").returncode == 0  # 6 steps x 4 = 24 offsets
+    recorded = tmp_path / "runs" / "smoke" / "baseline" / "batch_offsets.bin"
+    out = one_line_error(cli("smoke", *tiny_overrides, "--arm", "baseline", "run.experiment=replay",
+                             f"data.replay_from={recorded}", "data.global_batch_size=2", "run.max_steps=12"))
+    assert "global_batch_size=4 there, 2 here" in out and "Set data.global_batch_size=4" in out, out
+    assert not (tmp_path / "runs" / "replay").exists()
