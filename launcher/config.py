@@ -368,15 +368,33 @@ def load_recipe(name_or_path: str, overrides: Optional[list[str]] = None) -> dic
     """The recipe as a plain dict with CLI overrides merged in (not yet typed or validated)."""
     path = recipe_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
+    if data is None or data == {}:  # else it would silently train the defaults (GPT-2 small for 10,000 steps)
+        raise ConfigError(f"recipe {path} is empty: write its sections (model:, data:, optim:, run:, ...), or start "
+                          "from a copy of recipes/smoke.yaml")
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of sections (model:, optim:, ...)")
     extra = parse_overrides(overrides or [])
+    _check_override_arms(data, extra)
     tree = _merge(data, extra)
     _check_not_replaced_by_arms(tree, extra)
     return tree
+
+
+def _check_override_arms(recipe: dict, overrides: dict) -> None:
+    """An override may set the recipe's arms, not add one: a misspelt arm name would silently become a new arm."""
+    declared = recipe.get("arms")
+    given = overrides.get("arms")
+    if not isinstance(declared, dict) or not declared or not isinstance(given, dict):
+        return
+    for name in given:
+        if name not in declared:
+            hint = difflib.get_close_matches(str(name), list(declared), n=1)
+            raise ConfigError(f"override arms.{name}...: the recipe has no arm '{name}'."
+                              f"{' Did you mean ' + repr(hint[0]) + '?' if hint else ''} Its arms are: "
+                              f"{', '.join(declared)} (a new arm goes into a recipe file)")
 
 
 def _check_not_replaced_by_arms(tree: dict, overrides: dict) -> None:
@@ -412,6 +430,10 @@ def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int
     if not isinstance(arm_overrides, dict):
         raise ConfigError(f"arms.{arm} must be a mapping like {{attention: {{fix: dynamic_max}}}}")
     extra = set(arm_overrides) - {"attention"}
+    sections = [f.name for f in dataclasses.fields(Config) if f.name != "arms"]
+    for key in sorted(extra, key=str):
+        if key not in sections:  # a typo, not another section: suggest the one key an arm may hold
+            raise _unknown_key_error(str(key), ["attention"], f"arms.{arm}.")
     if extra:
         raise ConfigError(f"arms.{arm} overrides {', '.join(sorted(extra))}; arms may differ only in 'attention' "
                           "so that the comparison isolates attention numerics. Move those keys to the recipe's top level.")
@@ -422,6 +444,12 @@ def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int
         if problems:
             raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     merged = _merge({k: v for k, v in tree.items() if k != "arms"}, arm_overrides)
+    if isinstance(arm_overrides.get("attention"), dict):  # the arm's problems name the arm
+        _build(AttentionConfig, arm_overrides["attention"], f"arms.{arm}.attention")
+        problems = attention_problems(_build(AttentionConfig, merged.get("attention") or {}, "attention"),
+                                      f"arms.{arm}.attention")
+        if problems:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     merged.setdefault("run", {})
     merged["run"] = {**merged["run"], "arm": arm}
     config = _build(Config, {**merged, "arms": arms})

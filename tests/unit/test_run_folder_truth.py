@@ -53,3 +53,15 @@ def test_a_replay_with_another_batch_size_is_refused(tiny_overrides, tmp_path):
                              f"data.replay_from={recorded}", "data.global_batch_size=2", "run.max_steps=12"))
     assert "global_batch_size=4 there, 2 here" in out and "Set data.global_batch_size=4" in out, out
     assert not (tmp_path / "runs" / "replay").exists()
+
+
+def test_arm_typos_and_empty_recipes_are_named(tmp_path):
+    for override, message in [
+        ("arms.fixd.attention.fix=none", "the recipe has no arm 'fixd'. Did you mean 'fixed'?"),
+        ("arms.fixed.atention.fix=none", "unknown key 'arms.fixed.atention'. Did you mean 'attention'?"),
+        ("arms.fixed.attention.fix=nope", "arms.fixed.attention.fix='nope' is not one of"),
+    ]:
+        out = one_line_error(cli("smoke", override, "--dry-run"))
+        assert message in out, out
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    assert "is empty" in one_line_error(cli(str(tmp_path / "empty.yaml"), "--dry-run"))
