@@ -23,6 +23,7 @@ import argparse
 import base64
 import html
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -79,6 +80,21 @@ def _event_dirs(arm_dir: Path) -> list[Path]:
     return sorted(dirs)
 
 
+def _is_arm(folder: Path) -> bool:
+    """An arm's folder holds its event files itself (the trainer writes them there), not in a subfolder: a folder
+    of experiments must not read as one experiment whose arms are the experiments."""
+    return folder.is_dir() and any(not p.name.endswith(LAYOUT_SUFFIX) for p in folder.glob(EVENTS_GLOB))
+
+
+def _experiments_in(folder: Path) -> list[str]:
+    """Subfolders of ``folder`` that hold arms (what `compare` can be given)."""
+    try:
+        return sorted(p.name for p in folder.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and any(_is_arm(a) for a in p.iterdir()))
+    except OSError:
+        return []
+
+
 def load_scalars(run_dir: Path) -> dict[str, Series]:
     """Every scalar tag of the event files under ``run_dir``; a step logged twice (resumed run) keeps the last value."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -104,14 +120,24 @@ def find_arms(experiment_dir: Path) -> list[Arm]:
     """Arms of an experiment folder: its subfolders holding event files, in name order, with their scalars."""
     experiment_dir = Path(experiment_dir)
     if not experiment_dir.is_dir():
-        hint = ""
-        parent = experiment_dir.parent
-        if parent.is_dir():
-            names = sorted(p.name for p in parent.iterdir() if p.is_dir())
-            hint = f" Experiments in {parent}: {', '.join(names) or 'none'}."
-        raise CompareError(f"no experiment folder {experiment_dir}.{hint} Train one first, e.g. "
+        # where experiments are: beside the path, or in the runs/ folder beside it (`compare README.md`)
+        parent, names = next(((d, n) for d in (experiment_dir.parent, experiment_dir.parent / "runs")
+                              if d.is_dir() and (n := _experiments_in(d))), (None, []))
+        parent = Path(os.path.relpath(parent)) if parent is not None and not experiment_dir.is_absolute() else parent
+        what = (f"{experiment_dir} is a file, not an experiment folder" if experiment_dir.exists() else
+                f"no experiment folder {experiment_dir}")
+        hint = (f" Experiments in {parent}: {', '.join(names)}." if names else
+                " Give an experiment folder (runs/<experiment>, holding one subfolder per arm).")
+        raise CompareError(f"{what}.{hint} To make one, train it, e.g. "
                            "`python -m launcher.pretrain smoke` writes runs/smoke/<arm>/.")
-    arms = [Arm(p.name, p) for p in sorted(experiment_dir.iterdir()) if p.is_dir() and _event_dirs(p)]
+    if _is_arm(experiment_dir):
+        raise CompareError(f"{experiment_dir} is the folder of one arm; give its experiment folder: "
+                           f"python -m launcher.compare {experiment_dir.parent}")
+    inner = _experiments_in(experiment_dir)
+    if inner:  # e.g. `compare runs`: each subfolder is an experiment, not an arm
+        raise CompareError(f"{experiment_dir} holds experiments ({', '.join(inner)}), not arms; give one of them, "
+                           f"e.g. python -m launcher.compare {experiment_dir / inner[0]}")
+    arms = [Arm(p.name, p) for p in sorted(experiment_dir.iterdir()) if _is_arm(p)]
     if not arms:
         raise CompareError(f"{experiment_dir} holds no arm with TensorBoard events (expected subfolders like "
                            f"{experiment_dir}/baseline/{EVENTS_GLOB}). Is this the experiment folder "

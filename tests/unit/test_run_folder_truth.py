@@ -65,3 +65,30 @@ def test_arm_typos_and_empty_recipes_are_named(tmp_path):
         assert message in out, out
     (tmp_path / "empty.yaml").write_text("# nothing yet\n")
     assert "is empty" in one_line_error(cli(str(tmp_path / "empty.yaml"), "--dry-run"))
+
+
+def compare_cli(*args):
+    import subprocess
+    import sys
+
+    from tests.runs import REPO, launcher_env
+
+    return subprocess.run([sys.executable, "-m", "launcher.compare", *args], cwd=REPO, env=launcher_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_compare_refuses_what_is_not_an_experiment_folder(tmp_path):
+    from tests.unit.test_compare import write_synthetic_arm
+
+    write_synthetic_arm(tmp_path / "runs" / "smoke" / "baseline", diverges=False, seed=1)
+    (tmp_path / "runs" / "smoke" / "fixed").mkdir()  # an arm that has not logged yet
+    (tmp_path / "notes.md").write_text("")
+    (tmp_path / ".git").mkdir()
+    before = snapshot(tmp_path)
+    for folder, message in [(tmp_path / "runs", "holds experiments (smoke), not arms"),
+                            (tmp_path / "runs" / "smoke" / "baseline", "is the folder of one arm"),
+                            (tmp_path / "notes.md", "is a file, not an experiment folder. Experiments in")]:
+        proc = compare_cli(str(folder))
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert ".git" not in proc.stderr
+    assert snapshot(tmp_path) == before  # no report, no layout file written anywhere
