@@ -22,7 +22,12 @@ class DataError(RuntimeError):
 
 
 def prepare_hint(data_dir: Path | str) -> str:
-    return f"python -m launcher.prepare_data --out {data_dir}"
+    """The command that prepares ``data_dir``. It names the source: without --source, prepare_data writes the
+    embedded King James Bible, which is only right for the embedded corpus's folder."""
+    if Path(data_dir) == Path("data/cache/kjv"):
+        return f"python -m launcher.prepare_data --source kjv --out {data_dir}"
+    return (f"python -m launcher.prepare_data --source <your .txt/.jsonl/.parquet files or folder, or a cached "
+            f"Hugging Face dataset name> --out {data_dir}")
 
 
 @dataclass
@@ -38,6 +43,9 @@ class TokenData:
     def open(cls, data_dir: str | Path) -> "TokenData":
         data_dir = Path(data_dir)
         meta_path = data_dir / "meta.json"
+        if data_dir.exists() and not data_dir.is_dir():
+            raise DataError(f"data.data_dir={data_dir} is a file, not a data folder: point data.data_dir at a folder "
+                            "written by `python -m launcher.prepare_data` (e.g. data/cache/kjv)")
         if not meta_path.is_file():
             raise DataError(f"no prepared data in {data_dir} (missing meta.json). Prepare it first:\n"
                             f"    {prepare_hint(data_dir)}\n(or point data.data_dir at a prepared folder)")

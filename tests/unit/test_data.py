@@ -62,7 +62,7 @@ def test_recorded_offsets_replay_and_resume_truncation(kjv_data, tmp_path):
 
 
 def test_missing_data_names_the_prepare_command(tmp_path):
-    with pytest.raises(DataError, match="python -m launcher.prepare_data --out"):
+    with pytest.raises(DataError, match="python -m launcher.prepare_data --source <your .*--out"):
         TokenData.open(tmp_path / "nothing")
 
 

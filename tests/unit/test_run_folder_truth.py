@@ -92,3 +92,12 @@ def test_compare_refuses_what_is_not_an_experiment_folder(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert ".git" not in proc.stderr
     assert snapshot(tmp_path) == before  # no report, no layout file written anywhere
+
+
+def test_missing_data_hint_names_a_source(tiny_overrides, tmp_path):
+    out = one_line_error(cli("smoke", *tiny_overrides, f"data.data_dir={tmp_path / 'owt'}"))
+    assert f"--source <your .txt/.jsonl/.parquet files or folder, or a cached Hugging Face dataset name> --out " \
+           f"{tmp_path / 'owt'}" in out, out
+    out = one_line_error(cli("smoke", *tiny_overrides, "data.data_dir=README.md"))
+    assert "data.data_dir=README.md is a file, not a data folder" in out and "--out README.md" not in out, out
+    assert not (tmp_path / "runs").exists()
