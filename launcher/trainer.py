@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -58,8 +59,9 @@ class StopRequested:
                 raise KeyboardInterrupt
             return  # SLURM may send TERM and USR1 together (preemption near the time limit): the save goes on
         self.requested = True
-        print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              "(press Ctrl-C again to abort without saving)", flush=True)
+        if os.environ.get("RANK", "0") == "0":  # every rank gets the signal (torchrun passes it on): say it once
+            print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+                  "(press Ctrl-C again to abort without saving)", flush=True)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -379,8 +381,10 @@ class Trainer:
                     self.save_checkpoint(step)
                     metrics.restart_clock()
                 if interrupted:
-                    why = f"run.max_minutes={config.run.max_minutes:g} spent" if time_up else "interrupted"
-                    status, message = "interrupted", f"{why} at step {step}; the same command resumes"
+                    why = f"run.max_minutes={config.run.max_minutes:g} spent" if time_up else "stopped by a signal"
+                    then = ("the same command resumes" if config.checkpoint.enabled else
+                            "nothing saved (checkpoint.enabled=false): the same command starts over")
+                    status, message = "interrupted", f"{why} at step {step}; {then}"
                     break
         metrics.close()
         self.engine.close()
