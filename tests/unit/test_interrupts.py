@@ -63,3 +63,18 @@ def test_cpu_threads_default_to_the_free_cores_and_are_named(tiny_overrides):
     proc = start(["launcher.pretrain", "smoke", *tiny_overrides, "--arm", "baseline", "run.max_steps=1"], env)
     out = proc.communicate(timeout=180)[0]
     assert proc.returncode == 0 and "[train] CPU threads: " in out and "set OMP_NUM_THREADS to choose" in out, out
+
+
+def test_a_gpt2_sized_model_on_cpu_is_warned_about_before_its_first_step(tmp_path):
+    proc = start(["launcher.pretrain", "gpt2_small_paper", f"run.out_dir={tmp_path}", "run.device=cpu",
+                  f"data.data_dir={tmp_path / 'no_data'}"])  # stops at the missing data, after the warning
+    out = proc.communicate(timeout=180)[0]
+    assert "TFLOP per step, minutes to hours per step here" in out, out
+
+
+def test_the_slurm_script_outside_slurm_says_it_is_for_sbatch():
+    env = {k: v for k, v in launcher_env().items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(["bash", "slurm/pretrain_fp8.sh"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "unbound variable" not in proc.stderr, proc.stderr
+    assert "is a batch script for SLURM: submit it with `sbatch slurm/pretrain_fp8.sh`" in proc.stderr
+    assert "python -m launcher.pretrain gpt_1p3b_fp8" in proc.stderr
