@@ -4,11 +4,12 @@
                                [--divergence-consecutive 5] [--smoothing 10] [--divergence-tag train/loss]
                                [--reference-arm NAME] [--no-layout]
 
-Every subfolder of the experiment folder that holds TensorBoard event files is an arm (``runs/smoke/baseline``,
+Every subfolder of the experiment folder that holds TensorBoard event files itself is an arm (``runs/smoke/baseline``,
 ``runs/smoke/fixed``). The report (default ``runs/<experiment>/report/``) holds one PNG per panel and
 ``report.html`` with the PNGs embedded (it opens offline, on its own). The text summary is printed and is in the
-HTML too. A custom-scalars layout is written into the experiment folder, so that
-``tensorboard --logdir runs/<experiment>`` shows the arms overlaid, panel by panel, on its CUSTOM SCALARS tab.
+HTML too. A custom-scalars layout is written into the folder of the first arm (an event file ending in
+``.layout``), so that ``tensorboard --logdir runs/<experiment>`` shows the arms overlaid, panel by panel, on its
+CUSTOM SCALARS tab.
 
 Divergence criterion (documented in docs/monitoring.md): both arms' ``divergence_tag`` series (default train/loss)
 are taken on the steps both logged and smoothed with a trailing mean over ``smoothing`` logged points; the arms
