@@ -101,3 +101,24 @@ def test_missing_data_hint_names_a_source(tiny_overrides, tmp_path):
     out = one_line_error(cli("smoke", *tiny_overrides, "data.data_dir=README.md"))
     assert "data.data_dir=README.md is a file, not a data folder" in out and "--out README.md" not in out, out
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_report_says_which_loss_is_which_and_what_the_run_length_shows(tmp_path, capsys):
+    from launcher import compare
+    from tests.unit.test_compare import write_synthetic_arm
+
+    exp = tmp_path / "runs" / "synthetic"
+    write_synthetic_arm(exp / "baseline", diverges=True, seed=1)
+    write_synthetic_arm(exp / "fixed", diverges=False, seed=2)
+    compare.write_report(exp, quiet=True)
+    summary = (exp / "report" / "summary.txt").read_text()
+    assert "final train loss" in summary and "(last logged, step 600; mean of the last 10 logged points" in summary
+    assert "layer whose W_Q spectral norm grew most: L01 (x6.93, in arm baseline)" in summary, summary
+    for kind in ("loss", "grad_norm", "spectral", "wq_heads", "delta_bias", "tie_rate", "max_logit"):
+        assert compare.panel_note(120, kind).startswith("120 steps: ")
+        assert compare.panel_note(120, kind) != compare.panel_note(7000, kind)
+    assert "fc_out x10 is normal" in compare.panel_note(120, "spectral")
+    assert "one early event" in compare.panel_note(120, "delta_bias")
+    html = (exp / "report" / "report.html").read_text()
+    assert "should stay dark" not in html and "compare the arms row by row" in html
+    assert "diverge at step 300" in summary and "long before the step at which the paper's failure" in summary
