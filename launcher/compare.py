@@ -550,11 +550,17 @@ class _Panels:
                 ax.text(0.5, 0.5, "no probe call yet in this arm\n(shorter than monitor.probe_interval)",
                         ha="center", va="center", transform=ax.transAxes, fontsize=9)
             ax.set_xlabel("step")
+            ax.set_xlim(-0.02 * self.steps, 1.02 * self.steps)  # the whole run, also when few probes fell in it
             ax.grid(alpha=0.3)
+            fewest = points if ax is axes[0] else min(fewest, points)
         axes[0].set_ylabel(ylabel)
         axes[-1].legend(fontsize=7, ncol=1 + len(layers) // 13, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         if note:
-            self._note(fig, note, self._early_share(family, stat, layers) if family == "delta_bias" else "")
+            extra = self._early_share(family, stat, layers) if family == "delta_bias" else ""
+            if fewest < 3:
+                extra += (f". Only {fewest} probe point(s) in an arm (monitor.probe_interval vs the run's length): "
+                          "values, not a trend")
+            self._note(fig, note, extra)
         return self._save(fig, name), caption
 
 
