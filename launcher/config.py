@@ -667,16 +667,17 @@ def layout_problems(config: Config, world_size: int) -> list[str]:
 
 SAFE_CHANGES = (
     "run.max_steps", "run.max_minutes", "run.log_interval", "run.overwrite", "run.allow_changes", "run.out_dir",
-    "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval", "monitor.probe_interval",
-    "checkpoint.interval", "checkpoint.enabled", "checkpoint.resume", "data.micro_batch_size", "parallel.*", "arms",
+    "run.experiment", "run.arm", "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval",
+    "monitor.probe_interval", "checkpoint.interval", "checkpoint.enabled", "checkpoint.resume",
+    "data.micro_batch_size", "parallel.*", "arms",
 )
 """Fields a resumed run may change without run.allow_changes: they say how long to train, how often to log, evaluate,
-monitor and save, where the outputs go, and how the same computation is laid out over processes (every layout
-computes the same steps; docs/parallelism.md). run.max_steps is safe because the comparison is made on the effective
-schedule: with optim.decay_steps=0 the cosine ends at run.max_steps, so a new run.max_steps changes the effective
-optim.decay_steps, and that change is not safe. ``arms`` holds the other arms' settings; this arm's are in
-``attention``. Everything else (learning rate, schedule, model, data, seed, attention numerics, precision, guard,
-evaluation batches, ...) changes what is trained or measured."""
+monitor and save, where the outputs go and under which names (a checkpoint copied into another folder), and how the
+same computation is laid out over processes (every layout computes the same steps; docs/parallelism.md).
+run.max_steps is safe because the comparison is made on the effective schedule: with optim.decay_steps=0 the cosine
+ends at run.max_steps, so a new run.max_steps changes the effective optim.decay_steps, and that change is not safe.
+``arms`` holds the other arms' settings; this arm's are in ``attention``. Everything else (learning rate, schedule,
+model, data, seed, attention numerics, precision, guard, evaluation batches, ...) changes what is trained or measured."""
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
