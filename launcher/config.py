@@ -666,17 +666,17 @@ def layout_problems(config: Config, world_size: int) -> list[str]:
 # Resuming with other settings
 
 SAFE_CHANGES = (
-    "run.max_steps", "run.max_minutes", "run.log_interval", "run.overwrite", "run.allow_changes", "run.out_dir",
-    "run.experiment", "run.arm", "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval",
-    "monitor.probe_interval", "checkpoint.interval", "checkpoint.enabled", "checkpoint.resume",
-    "data.micro_batch_size", "parallel.*", "arms",
+    "run.max_steps", "run.max_minutes", "run.log_interval", "run.out_dir", "run.experiment", "run.arm",
+    "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval", "monitor.probe_interval",
+    "checkpoint.interval", "checkpoint.enabled", "data.micro_batch_size", "parallel.*", "arms",
 )
 """Fields a resumed run may change without run.allow_changes: they say how long to train, how often to log, evaluate,
 monitor and save, where the outputs go and under which names (a checkpoint copied into another folder), and how the
 same computation is laid out over processes (every layout computes the same steps; docs/parallelism.md).
 run.max_steps is safe because the comparison is made on the effective schedule: with optim.decay_steps=0 the cosine
 ends at run.max_steps, so a new run.max_steps changes the effective optim.decay_steps, and that change is not safe.
-``arms`` holds the other arms' settings; this arm's are in ``attention``. Everything else (learning rate, schedule,
+``arms`` holds the other arms' settings; this arm's are in ``attention``. run.allow_changes, run.overwrite and
+checkpoint.resume say how to start and are not compared. Everything else (learning rate, schedule,
 model, data, seed, attention numerics, precision, guard, evaluation batches, ...) changes what is trained or measured."""
 
 
@@ -706,7 +706,9 @@ def config_changes(trained: dict, now: Config) -> tuple[dict[str, tuple], dict[s
     """(safe, unsafe) differences between the config a checkpoint was trained with and ``now``, as
     {dotted field: (trained value, new value)}; fields the checkpoint's config lacks (older code) are ignored."""
     before, after = _effective(trained), _effective(now.to_dict())
-    diffs = {k: (before[k], after[k]) for k in after if k in before and before[k] != after[k]}
+    commands = ("run.allow_changes", "run.overwrite", "checkpoint.resume")  # how to start, not what trains
+    diffs = {k: (before[k], after[k]) for k in after
+             if k in before and before[k] != after[k] and k not in commands}
     safe = {k: v for k, v in diffs.items() if _is_safe(k)}
     return safe, {k: v for k, v in diffs.items() if k not in safe}
 
