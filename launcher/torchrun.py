@@ -8,6 +8,7 @@ although nothing went wrong. Here the same stop ends with one line and status 12
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -16,6 +17,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
+    os.environ["LAUNCHER_TORCHRUN"] = "1"  # the workers then need not explain torchrun's traceback
     try:
         torchrun(argv)
     except SignalException as err:

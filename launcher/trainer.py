@@ -62,6 +62,9 @@ class StopRequested:
         if os.environ.get("RANK", "0") == "0":  # every rank gets the signal (torchrun passes it on): say it once
             print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
                   "(press Ctrl-C again to abort without saving)", flush=True)
+            if "TORCHELASTIC_RUN_ID" in os.environ and "LAUNCHER_TORCHRUN" not in os.environ:
+                print("[train] plain torchrun ends a stop with a SignalException traceback and status 1 after the "
+                      "save; `python -m launcher.torchrun` (same arguments) ends it in one line", flush=True)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():

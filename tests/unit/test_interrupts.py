@@ -38,6 +38,7 @@ def test_ctrl_c_under_the_torchrun_wrapper_saves_and_ends_in_one_line(tiny_overr
     out = "".join(lines) + proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, out
     assert "Traceback" not in out and out.count("SIGINT: finishing this step") == 1, out
+    assert "plain torchrun ends a stop" not in out  # the hint is for plain torchrun only
     assert "interrupted at step" in out and "the same command resumes" in out, out
     assert list((tmp_path / "runs" / "smoke" / "baseline" / "checkpoints").glob("step_*.pt")), out
 
