@@ -4,11 +4,12 @@
                                [--divergence-consecutive 5] [--smoothing 10] [--divergence-tag train/loss]
                                [--reference-arm NAME] [--no-layout]
 
-Every subfolder of the experiment folder that holds TensorBoard event files is an arm (``runs/smoke/baseline``,
+Every subfolder of the experiment folder that holds TensorBoard event files itself is an arm (``runs/smoke/baseline``,
 ``runs/smoke/fixed``). The report (default ``runs/<experiment>/report/``) holds one PNG per panel and
 ``report.html`` with the PNGs embedded (it opens offline, on its own). The text summary is printed and is in the
-HTML too. A custom-scalars layout is written into the experiment folder, so that
-``tensorboard --logdir runs/<experiment>`` shows the arms overlaid, panel by panel, on its CUSTOM SCALARS tab.
+HTML too. A custom-scalars layout is written into the folder of the first arm (an event file ending in
+``.layout``), so that ``tensorboard --logdir runs/<experiment>`` shows the arms overlaid, panel by panel, on its
+CUSTOM SCALARS tab.
 
 Divergence criterion (documented in docs/monitoring.md): both arms' ``divergence_tag`` series (default train/loss)
 are taken on the steps both logged and smoothed with a trailing mean over ``smoothing`` logged points; the arms
@@ -23,6 +24,7 @@ import argparse
 import base64
 import html
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -79,6 +81,21 @@ def _event_dirs(arm_dir: Path) -> list[Path]:
     return sorted(dirs)
 
 
+def _is_arm(folder: Path) -> bool:
+    """An arm's folder holds its event files itself (the trainer writes them there), not in a subfolder: a folder
+    of experiments must not read as one experiment whose arms are the experiments."""
+    return folder.is_dir() and any(not p.name.endswith(LAYOUT_SUFFIX) for p in folder.glob(EVENTS_GLOB))
+
+
+def _experiments_in(folder: Path) -> list[str]:
+    """Subfolders of ``folder`` that hold arms (what `compare` can be given)."""
+    try:
+        return sorted(p.name for p in folder.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and any(_is_arm(a) for a in p.iterdir()))
+    except OSError:
+        return []
+
+
 def load_scalars(run_dir: Path) -> dict[str, Series]:
     """Every scalar tag of the event files under ``run_dir``; a step logged twice (resumed run) keeps the last value."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -104,14 +121,24 @@ def find_arms(experiment_dir: Path) -> list[Arm]:
     """Arms of an experiment folder: its subfolders holding event files, in name order, with their scalars."""
     experiment_dir = Path(experiment_dir)
     if not experiment_dir.is_dir():
-        hint = ""
-        parent = experiment_dir.parent
-        if parent.is_dir():
-            names = sorted(p.name for p in parent.iterdir() if p.is_dir())
-            hint = f" Experiments in {parent}: {', '.join(names) or 'none'}."
-        raise CompareError(f"no experiment folder {experiment_dir}.{hint} Train one first, e.g. "
+        # where experiments are: beside the path, or in the runs/ folder beside it (`compare README.md`)
+        parent, names = next(((d, n) for d in (experiment_dir.parent, experiment_dir.parent / "runs")
+                              if d.is_dir() and (n := _experiments_in(d))), (None, []))
+        parent = Path(os.path.relpath(parent)) if parent is not None and not experiment_dir.is_absolute() else parent
+        what = (f"{experiment_dir} is a file, not an experiment folder" if experiment_dir.exists() else
+                f"no experiment folder {experiment_dir}")
+        hint = (f" Experiments in {parent}: {', '.join(names)}." if names else
+                " Give an experiment folder (runs/<experiment>, holding one subfolder per arm).")
+        raise CompareError(f"{what}.{hint} To make one, train it, e.g. "
                            "`python -m launcher.pretrain smoke` writes runs/smoke/<arm>/.")
-    arms = [Arm(p.name, p) for p in sorted(experiment_dir.iterdir()) if p.is_dir() and _event_dirs(p)]
+    if _is_arm(experiment_dir):
+        raise CompareError(f"{experiment_dir} is the folder of one arm; give its experiment folder: "
+                           f"python -m launcher.compare {experiment_dir.parent}")
+    inner = _experiments_in(experiment_dir)
+    if inner:  # e.g. `compare runs`: each subfolder is an experiment, not an arm
+        raise CompareError(f"{experiment_dir} holds experiments ({', '.join(inner)}), not arms; give one of them, "
+                           f"e.g. python -m launcher.compare {experiment_dir / inner[0]}")
+    arms = [Arm(p.name, p) for p in sorted(experiment_dir.iterdir()) if _is_arm(p)]
     if not arms:
         raise CompareError(f"{experiment_dir} holds no arm with TensorBoard events (expected subfolders like "
                            f"{experiment_dir}/baseline/{EVENTS_GLOB}). Is this the experiment folder "
@@ -205,10 +232,64 @@ def layer_that_grew_most(arms: list[Arm]) -> Optional[int]:
     return best
 
 
+def arm_that_grew_most(arms: list[Arm], layer: int) -> tuple[Optional[str], float]:
+    """The arm whose W_Q spectral norm of ``layer`` grew most, and by what factor (last / first logged value)."""
+    grown = [(growth(arm.get(tags.spectral(layer, "wq"))), arm.name) for arm in arms]
+    if not grown:
+        return None, 1.0
+    g, name = max(grown)
+    return name, g
+
+
+# In the paper, GPT-2 small's loss jumps near step 7,000, after W_Q's spectral norm in layer 1 has grown for
+# thousands of steps (Qiu & Yao, arXiv 2510.04212).
+FAILURE_STEP_IN_PAPER = 7000
+EARLY_DIVERGENCE = ("the arms diverged (dashed line) long before the step at which the paper's failure appeared "
+                    f"(near {FAILURE_STEP_IN_PAPER:,}): read the monitors (W_Q growth in an early layer, a one-signed "
+                    "delta bias) to tell that mechanism from another cause")
+
+
+def panel_note(steps: int, what: str, diverged: bool = False) -> str:
+    """The line under a panel: what a run of ``steps`` steps can and cannot show in it (``what``: the panel kind;
+    ``diverged``: the criterion found a divergence)."""
+    early = steps < FAILURE_STEP_IN_PAPER // 5
+    if what == "loss" and diverged and early:
+        return f"{steps} steps: {EARLY_DIVERGENCE}"
+    notes = {
+        "loss": ("both arms train on the same batches; at this length a gap between them is rounding noise, not the "
+                 "failure or its fix (the paper's loss jump came near step 7,000)" if early else
+                 "a gap that keeps growing over many logged steps is the divergence; the dashed line marks it"),
+        "grad_norm": ("early spikes are ordinary (warmup, first steps); only a sustained rise in one arm matters, "
+                      "and that needs thousands of steps" if early else
+                      "a sustained rise in one arm only, before its loss jumps, is the paper's sequence"),
+        "spectral": ("early training brightens every arm (weights grow from their initialisation; fc_out x10 is "
+                     "normal here): compare the arms row by row, not with black. The paper's L01 wq growth in the "
+                     "baseline only shows after thousands of steps" if early else
+                     "a row that keeps brightening in the baseline but not in the fixed arm (L01 wq in the paper) "
+                     "is the failure building up"),
+        "wq_heads": ("per-head norms rise together in early training in both arms; the paper's signature, a few "
+                     "heads pulling away in the baseline only, needs thousands of steps" if early else
+                     "a few heads pulling away in one arm only is the paper's signature"),
+        "delta_bias": ("the cumulative delta bias is summed over probe calls: at this length a level reached in the "
+                       "first calls and flat afterwards is one early event, in either arm and of either sign; the "
+                       "paper's accumulating error is a drift that keeps growing over thousands of steps" if early
+                       else "a curve that keeps drifting one way in one arm is the accumulating error"),
+        "tie_rate": ("ties are a property of the scores, and the arms' weights part after the first steps: a higher "
+                     "tie rate in one arm says nothing about the fix (the fix removes the bias of a tie, not the "
+                     "tie)" if early else
+                     "the tie rate is the precondition of the bias, in both arms; the fix removes the bias, not ties"),
+        "max_logit": ("logits grow while attention sharpens in early training, differently per arm once their "
+                      "weights part; not a sign of failure at this length" if early else
+                      "logits that keep growing in one arm go with the W_Q growth"),
+    }
+    return f"{steps} steps: {notes[what]}"
+
+
 class _Panels:
     """Draws the report's figures; each ``draw_*`` returns (file name, caption)."""
 
-    def __init__(self, arms: list[Arm], out_dir: Path, divergences: list[Divergence], window: int):
+    def __init__(self, arms: list[Arm], out_dir: Path, divergences: list[Divergence], window: int,
+                 threshold: float = DEFAULT_CRITERIA["divergence_threshold"]):
         import matplotlib
 
         matplotlib.use("Agg")
@@ -219,7 +300,46 @@ class _Panels:
         self.out = out_dir
         self.divergences = divergences
         self.window = window
+        self.threshold = threshold
         self.colors = {arm.name: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(arms)}
+        self.steps = max(a.last_step() for a in arms)
+
+    def _note(self, fig, what: str, extra: str = "") -> None:
+        """The panel's own reading of the run length, under everything else (a PNG is often looked at alone)."""
+        import textwrap
+
+        text = "\n".join(textwrap.wrap(panel_note(self.steps, what) + extra, width=int(fig.get_figwidth() * 15)))
+        self._place_note(fig, text)
+
+    def _loss_note(self, fig) -> None:
+        import textwrap
+
+        diverged = any(d.step is not None for d in self.divergences)
+        text = "\n".join(textwrap.wrap(panel_note(self.steps, "loss", diverged), width=int(fig.get_figwidth() * 15)))
+        self._place_note(fig, text)
+
+    def _place_note(self, fig, text: str) -> None:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        bottom = min(ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0 for ax in fig.axes)
+        fig.text(0.01, bottom - 0.02, text, ha="left", va="top", fontsize=8.5, color="#333",
+                 bbox=dict(boxstyle="round", fc="#fff8dc", ec="#d9c58b"))
+
+    def _early_share(self, family: str, stat: str, layers: list[int]) -> str:
+        """How much of each arm's largest final value was already there at the second probe point: a level
+        reached at once and flat after reads as accumulation unless said."""
+        parts = []
+        for arm in self.arms:
+            finals = [(abs(s[1][-1]), layer, s) for layer in layers
+                      if (s := arm.get(f"{family}/{tags.layer_key(layer)}/{stat}")) is not None and len(s[1]) > 2
+                      and math.isfinite(s[1][-1])]
+            if not finals:
+                continue
+            _, layer, s = max(finals, key=lambda f: f[0])
+            if s[1][-1]:
+                parts.append(f"{arm.name} {tags.layer_key(layer)} had {100 * s[1][1] / s[1][-1]:.0f}% of its final "
+                             f"{s[1][-1]:+.3g} at step {int(s[0][1])}")
+        return f". Here: {'; '.join(parts)}" if parts else ""
 
     def _save(self, fig, name: str) -> str:
         fig.savefig(self.out / name, dpi=110, bbox_inches="tight")
@@ -250,23 +370,48 @@ class _Panels:
         name = "loss.png"
         if not any(arm.get(tags.TRAIN_LOSS) or arm.get(tags.EVAL_LOSS) for arm in self.arms):
             return self._empty(name, "loss", "no train/loss or eval/loss logged"), "Loss: not logged."
-        fig, ax = self.plt.subplots(figsize=(9, 4))
+        fig, (ax, diff_ax) = self.plt.subplots(2, 1, figsize=(9, 5.6), sharex=True,
+                                               gridspec_kw={"height_ratios": [3, 1.3]})
+        ref = self.arms[0] if not self.divergences else next(a for a in self.arms if a.name ==
+                                                             self.divergences[0].reference)
         for arm in self.arms:
             c = self.colors[arm.name]
             train = arm.get(tags.TRAIN_LOSS)
             if train is not None:
-                ax.plot(train[0], train[1], color=c, alpha=0.25, lw=0.8)
-                ax.plot(train[0], smooth(train[1], self.window), color=c, lw=1.8, label=f"{arm.name} train")
+                interval = int(np.median(np.diff(train[0]))) if len(train[0]) > 1 else 0
+                every = f", logged every {interval} steps" if interval else ""
+                ax.plot(train[0], train[1], ".-", color=c, lw=1.3, ms=4, label=f"{arm.name} train loss{every}")
+                if len(train[1]) >= 3 * self.window:  # a trailing mean, where its window is full, if it adds anything
+                    full = smooth(train[1], self.window)[self.window - 1:]
+                    ax.plot(train[0][self.window - 1:], full, color=c, lw=3, alpha=0.35,
+                            label=f"{arm.name} mean of the last {self.window} logged points")
             ev = arm.get(tags.EVAL_LOSS)
             if ev is not None:
-                ax.plot(ev[0], ev[1], "o--", color=c, ms=4, lw=1, label=f"{arm.name} eval")
+                ax.plot(ev[0], ev[1], "s--", color=c, ms=5, lw=1, label=f"{arm.name} eval loss")
+            if arm is not ref and train is not None and ref.get(tags.TRAIN_LOSS) is not None:
+                r = ref.get(tags.TRAIN_LOSS)
+                common, ia, ib = np.intersect1d(r[0], train[0], return_indices=True)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    rel = 100 * (train[1][ib] - r[1][ia]) / np.minimum(np.abs(train[1][ib]), np.abs(r[1][ia]))
+                diff_ax.plot(common, rel, ".-", color=c, lw=1, ms=4, label=f"({arm.name} - {ref.name}) / loss")
         self._mark_divergence(ax)
-        ax.set_xlabel("step")
+        diff_ax.axhline(0.0, color="k", lw=0.6)
+        for sign in (1, -1):  # the scale a difference has to reach (smoothed, for several steps) to count
+            diff_ax.axhline(sign * 100 * self.threshold, color="gray", ls="--", lw=0.8,
+                            label="divergence threshold" if sign == 1 else None)
+        diff_ax.set_ylabel("train loss\ndifference (%)")
+        diff_ax.set_xlabel("step")
+        diff_ax.grid(alpha=0.3)
+        if len(self.arms) > 1:
+            diff_ax.legend(fontsize=7, loc="lower left", ncol=2)
         ax.set_ylabel("cross-entropy")
-        ax.set_title(f"loss (thin: raw train loss; thick: trailing mean of {self.window} logged points)")
-        ax.legend(fontsize=8)
+        ax.set_title("loss: every logged train point, eval points, and the arms' difference")
+        ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
-        return self._save(fig, name), "Train loss (raw and smoothed) and eval loss; dashed lines mark divergence."
+        self._loss_note(fig)
+        return self._save(fig, name), ("Train loss at every logged step (with the trailing mean once its window "
+                                       "is full) and eval loss; below, the arms' train-loss difference on common "
+                                       "steps; dashed lines mark divergence.")
 
     def grad_norm(self) -> tuple[str, str]:
         name = "grad_norm.png"
@@ -276,13 +421,15 @@ class _Panels:
         for arm in self.arms:
             s = arm.get(tags.TRAIN_GRAD_NORM)
             if s is not None:
-                ax.plot(s[0], s[1], color=self.colors[arm.name], lw=1, label=arm.name)
+                ax.plot(s[0], s[1], ".-", color=self.colors[arm.name], lw=1, ms=4, label=arm.name)
         self._mark_divergence(ax)
         ax.set_yscale("log")
         ax.set_xlabel("step")
+        ax.set_ylabel("global gradient norm\n(before clipping, log scale)")
         ax.set_title("gradient norm (before clipping)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+        self._note(fig, "grad_norm")
         return self._save(fig, name), "Global gradient norm, log scale."
 
     def spectral_heatmaps(self) -> list[tuple[str, str]]:
@@ -305,7 +452,12 @@ class _Panels:
                 for s, r in zip(series[0], ratio):
                     grid[i, col[int(s)]] = r
             grids[arm.name] = (steps, grid)
-        finite = np.concatenate([g[np.isfinite(g)] for _, g in grids.values()] + [np.array([1.0])])
+        from matplotlib.colors import LogNorm
+
+        ref_name = self.divergences[0].reference if self.divergences else self.arms[0].name
+        ref_arm = next(a for a in self.arms if a.name == ref_name)
+
+        finite = np.concatenate([g[np.isfinite(g) & (g > 0)] for _, g in grids.values()] + [np.array([1.0])])
         vmax = max(float(finite.max()), 1.01)
         vmin = min(float(finite.min()), 0.99)
         out = []
@@ -316,18 +468,39 @@ class _Panels:
                 out.append((self._empty(name, f"spectral norms: {arm.name}", "no spectral/* tags in this arm"),
                             f"Spectral norms of {arm.name}: not logged."))
                 continue
-            fig, ax = self.plt.subplots(figsize=(9, 0.18 * len(rows) + 1.6))
-            im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma", vmin=vmin, vmax=vmax,
-                           extent=(-0.5, len(steps) - 0.5, len(rows) - 0.5, -0.5))
-            ax.set_yticks(range(len(rows)), [f"{tags.layer_key(layer)} {w}" for layer, w in rows], fontsize=6)
-            ticks = np.linspace(0, len(steps) - 1, min(8, len(steps))).round().astype(int)
-            ax.set_xticks(ticks, [str(steps[t]) for t in ticks])
+            fig, ax = self.plt.subplots(figsize=(9, 0.26 * len(rows) + 2.0))
+            # cells on the real step axis (edges halfway between logged steps): evenly spaced, round tick labels
+            x = np.array(steps, dtype=np.float64)
+            mids = (x[1:] + x[:-1]) / 2 if len(x) > 1 else np.array([])
+            half = (x[1] - x[0]) / 2 if len(x) > 1 else 0.5
+            edges = np.concatenate([[x[0] - half], mids, [x[-1] + (x[-1] - x[-2]) / 2 if len(x) > 1 else x[0] + 0.5]])
+            im = ax.pcolormesh(edges, np.arange(len(rows) + 1) - 0.5, np.ma.masked_invalid(grid), cmap="magma",
+                               norm=LogNorm(vmin=vmin, vmax=vmax), shading="flat")
+            ax.set_ylim(len(rows) - 0.5, -0.5)
+            ax.set_yticks(range(len(rows)), [f"{tags.layer_key(layer)} {w}" for layer, w in rows], fontsize=8)
+            for k in range(1, len(layers)):  # a line between layers
+                ax.axhline(k * len(tags.WEIGHTS) - 0.5, color="w", lw=0.6)
             ax.set_xlabel("step")
             ax.set_title(f"{arm.name}: spectral norm / its value at the first logged step (layer x weight)")
-            fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
+            pad = 0.02
+            if arm.name != ref_name and ref_name in grids:  # the comparison the eye cannot make across two files
+                right = ax.twinx()
+                right.set_ylim(ax.get_ylim())
+                labels = []
+                for i, (layer, w) in enumerate(rows):
+                    mine, theirs = arm.get(tags.spectral(layer, w)), ref_arm.get(tags.spectral(layer, w))
+                    g_ref = growth(theirs) if theirs is not None else math.nan
+                    labels.append(f"{growth(mine) / g_ref:.2f}" if mine is not None and g_ref else "n/a")
+                right.set_yticks(range(len(rows)), labels, fontsize=8)
+                right.set_ylabel(f"final growth / {ref_name}'s", fontsize=8)
+                pad = 0.12
+            bar = fig.colorbar(im, ax=ax, fraction=0.03, pad=pad)
+            bar.set_label("growth since the first logged step (x, log scale)")
+            self._note(fig, "spectral")
             out.append((self._save(fig, name),
-                        f"{arm.name}: growth of every weight's spectral norm; a bright row is a weight that grew "
-                        "(the paper's failure lights up L01 wq first). Same colour scale for all arms."))
+                        f"{arm.name}: growth of every weight's spectral norm, one colour scale for all arms. Early "
+                        "training brightens every arm; compare the arms' rows (the paper's failure brightens L01 wq "
+                        "in the baseline only, over thousands of steps)."))
         return out
 
     def wq_heads(self, layer: Optional[int]) -> tuple[str, str]:
@@ -336,41 +509,58 @@ class _Panels:
         if not heads:
             return (self._empty(name, "per-head W_Q spectral norms", "no spectral/Lxx/wq/hNN tags logged"),
                     "Per-head W_Q spectral norms: not logged.")
-        fig, axes = self._per_arm_axes(f"per-head W_Q spectral norms of {tags.layer_key(layer)} "
-                                       "(the layer whose W_Q grew most)")
+        where, factor = arm_that_grew_most(self.arms, layer)
+        fig, axes = self._per_arm_axes(f"per-head W_Q spectral norms of {tags.layer_key(layer)}, the layer whose "
+                                       f"W_Q grew most (x{factor:.3g}, in arm {where})")
         cmap = self.plt.get_cmap("tab20")
         for ax, arm in zip(axes, self.arms):
             for h in heads:
                 s = arm.get(tags.spectral(layer, "wq", h))
                 if s is not None:
-                    ax.plot(s[0], s[1], color=cmap(h % 20), lw=1, label=tags.head_key(h))
+                    ax.plot(s[0], s[1], ".-", color=cmap(h % 20), lw=1, ms=3, label=tags.head_key(h))
             ax.set_title(arm.name)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
-        axes[-1].legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        axes[0].set_ylabel("spectral norm of the head's\nblock of W_Q")
+        axes[-1].legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        self._note(fig, "wq_heads")
         return (self._save(fig, name), f"Spectral norm of each head's block of W_Q in {tags.layer_key(layer)}; "
                 "a few heads pulling away is the paper's signature.")
 
-    def per_layer(self, name: str, family: str, stat: str, title: str, caption: str, ylabel: str) -> tuple[str, str]:
+    def per_layer(self, name: str, family: str, stat: str, title: str, caption: str, ylabel: str,
+                  note: str = "") -> tuple[str, str]:
         layers = _layers(self.arms, family, stat)
         if not layers:
             return self._empty(name, title, f"no {family}/Lxx/{stat} tags logged"), f"{title}: not logged."
         fig, axes = self._per_arm_axes(title)
         cmap = self.plt.get_cmap("viridis")
         for ax, arm in zip(axes, self.arms):
+            points = 0
             for layer in layers:
                 tag = f"{family}/{tags.layer_key(layer)}/{stat}"
                 s = arm.get(tag)
-                if s is not None:
-                    ax.plot(s[0], s[1], color=cmap(layer / max(1, layers[-1])), lw=2.2 if layer == 1 else 1,
-                            label=tags.layer_key(layer))
+                if s is not None:  # markers: a run with one or two probe calls still shows them
+                    ax.plot(s[0], s[1], "o-", color=cmap(layer / max(1, layers[-1])), lw=2.2 if layer == 1 else 1,
+                            ms=3.5, label=tags.layer_key(layer))
+                    points = max(points, len(s[0]))
             if family == "delta_bias":
                 ax.axhline(0.0, color="k", lw=0.6)
-            ax.set_title(arm.name)
+            ax.set_title(f"{arm.name} ({points} probe point{'s' if points != 1 else ''})")
+            if not points:
+                ax.text(0.5, 0.5, "no probe call yet in this arm\n(shorter than monitor.probe_interval)",
+                        ha="center", va="center", transform=ax.transAxes, fontsize=9)
             ax.set_xlabel("step")
+            ax.set_xlim(-0.02 * self.steps, 1.02 * self.steps)  # the whole run, also when few probes fell in it
             ax.grid(alpha=0.3)
+            fewest = points if ax is axes[0] else min(fewest, points)
         axes[0].set_ylabel(ylabel)
-        axes[-1].legend(fontsize=6, ncol=1 + len(layers) // 13, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        axes[-1].legend(fontsize=7, ncol=1 + len(layers) // 13, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        if note:
+            extra = self._early_share(family, stat, layers) if family == "delta_bias" else ""
+            if fewest < 3:
+                extra += (f". Only {fewest} probe point(s) in an arm (monitor.probe_interval vs the run's length): "
+                          "values, not a trend")
+            self._note(fig, note, extra)
         return self._save(fig, name), caption
 
 
@@ -390,7 +580,8 @@ def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, gr
         parts = [f"{arm.last_step()} steps"]
         train = arm.get(tags.TRAIN_LOSS)
         if train is not None and len(train[1]):
-            parts.append(f"final train loss {_fmt(smooth(train[1], window)[-1])} (smoothed)")
+            parts.append(f"final train loss {_fmt(train[1][-1])} (last logged, step {int(train[0][-1])}; mean of "
+                         f"the last {min(window, len(train[1]))} logged points {_fmt(smooth(train[1], window)[-1])})")
             bad = ~np.isfinite(train[1])
             if bad.any():
                 parts.append(f"non-finite loss from step {int(train[0][bad][0])}")
@@ -426,18 +617,18 @@ def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, gr
             lines.append(f"  {d.arm} vs {d.reference}: no divergence over {d.common_steps} common logged steps "
                          f"(largest relative difference {_fmt(d.max_rel_diff)} at step {d.max_rel_step})")
     if grew is not None:
-        lines.append(f"layer whose W_Q spectral norm grew most: {tags.layer_key(grew)}")
-    lines.append(what_it_can_show(max(a.last_step() for a in arms)))
+        where, factor = arm_that_grew_most(arms, grew)
+        lines.append(f"layer whose W_Q spectral norm grew most: {tags.layer_key(grew)} (x{factor:.3g}, in arm {where})")
+    lines.append(what_it_can_show(max(a.last_step() for a in arms), any(d.step is not None for d in divergences)))
     return "\n".join(lines)
 
 
-# In the paper, GPT-2 small's loss jumps near step 7,000, after W_Q's spectral norm in layer 1 has grown for
-# thousands of steps (Qiu & Yao, arXiv 2510.04212).
-FAILURE_STEP_IN_PAPER = 7000
 
 
-def what_it_can_show(steps: int) -> str:
-    """One line on what a comparison of this length can and cannot show."""
+def what_it_can_show(steps: int, diverged: bool = False) -> str:
+    """One line on what a comparison of this length can and cannot show (``diverged``: a divergence was found)."""
+    if steps < FAILURE_STEP_IN_PAPER // 5 and diverged:
+        return f"what this shows: {steps} steps; {EARLY_DIVERGENCE}"
     if steps < FAILURE_STEP_IN_PAPER // 5:
         return (f"what this shows: {steps} steps exercise the recipe, both arms' numerics and the monitors; the paper's "
                 f"failure needs thousands of steps (GPT-2 small's loss jumps near step {FAILURE_STEP_IN_PAPER:,}), so "
@@ -493,13 +684,17 @@ _HOW_TO_READ = """
 <li><b>Loss</b>: the arms see the same batches, so their curves overlap until the numerics matter. The dashed line
 marks the divergence step found by the criterion above.</li>
 <li><b>Spectral-norm heatmaps</b>: one row per layer and weight, colour = spectral norm divided by its first logged
-value. In the paper's failure, L01 wq (and a few of its heads) brightens long before the loss jumps; the fixed arm
-should stay dark.</li>
+value. Early training brightens every arm (weights grow from their initialisation; fc_out x10 in the first hundred
+steps is normal), so compare the arms row by row. In the paper's failure, L01 wq (and a few of its heads) keeps
+brightening in the baseline, and not in the fixed arm, for thousands of steps before the loss jumps.</li>
 <li><b>Per-head W_Q</b>: heads of the layer that grew most; a few heads pulling away is the signature.</li>
 <li><b>Cumulative delta bias</b>: running sum of delta_lp - delta_hp on the probe batch. A curve that drifts one way
-(persistent sign) is the accumulating error; a fixed arm should wander around zero.</li>
+(persistent sign) and keeps growing over thousands of steps is the accumulating error; a fixed arm should wander
+around zero. A level reached in the first probe calls and flat afterwards is one early event, not an accumulation.</li>
 <li><b>Tie rate</b>: fraction of probe rows whose maximum score is attained at least twice (within attention.eps),
-the precondition of the biased rounding.</li>
+the precondition of the biased rounding. The arms' scores part once their weights do, so their tie rates differ;
+the fix removes the bias of a tie, not the tie.</li>
+<li>Each panel says under it what its run length can and cannot show.</li>
 </ul>
 """
 
@@ -555,17 +750,18 @@ def write_report(experiment_dir, out_dir=None, *, layout: bool = True, quiet: bo
     out_dir = Path(out_dir) if out_dir is not None else experiment_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     grew = layer_that_grew_most(arms)
-    panels = _Panels(arms, out_dir, divergences, int(crit["smoothing"]))
+    panels = _Panels(arms, out_dir, divergences, int(crit["smoothing"]), float(crit["divergence_threshold"]))
     figures = [panels.loss(), panels.grad_norm(), *panels.spectral_heatmaps(), panels.wq_heads(grew),
                panels.per_layer("delta_bias_cum.png", "delta_bias", "cum", "cumulative delta bias per layer",
                                 "Running sum over probe calls of sum_T(delta_lp - delta_hp), per layer (summed over "
                                 "heads). One sign that keeps growing = the paper's accumulating error.",
-                                "sum of delta_lp - delta_hp"),
+                                "sum of delta_lp - delta_hp", "delta_bias"),
                panels.per_layer("tie_rate.png", "attn", "tie_rate", "tie rate per layer (probe batch)",
                                 "Fraction of probe rows whose maximum score is attained >= 2 times within "
-                                "attention.eps, in the run's score precision.", "tie rate"),
+                                "attention.eps, in the run's score precision. The fix removes the bias of a tie, "
+                                "not the tie.", "tie rate", "tie_rate"),
                panels.per_layer("max_logit.png", "attn", "max_logit", "maximum attention logit per layer",
-                                "Largest scaled score alpha q.k on the probe batch.", "max logit")]
+                                "Largest scaled score alpha q.k on the probe batch.", "max logit", "max_logit")]
     summary = summarize(arms, divergences, crit, grew)
     (out_dir / "summary.txt").write_text(summary + "\n")
     report = out_dir / "report.html"

@@ -204,7 +204,11 @@ class RunConfig:
     """Wrap the model in torch.compile (GPU)."""
     overwrite: bool = False
     """Start over in a run folder that holds an earlier run: delete its events, checkpoints and batch offsets first
-    (with checkpoint.resume=false; without this, such a folder is refused)."""
+    (only with checkpoint.resume=false; without this, such a folder is refused)."""
+    allow_changes: bool = False
+    """Resume although settings that change the training differ from the checkpoint's (see SAFE_CHANGES in
+    launcher/config.py for those that never need this); each change is recorded with the step it took effect in
+    <run_dir>/changes.yaml. Without it such a resume is refused with the differences listed."""
     peak_tflops: float = 0.0
     """Peak dense TFLOP/s of one device for the MFU figure; 0 means look it up by device name (no MFU on CPU)."""
 
@@ -380,15 +384,33 @@ def load_recipe(name_or_path: str, overrides: Optional[list[str]] = None) -> dic
     """The recipe as a plain dict with CLI overrides merged in (not yet typed or validated)."""
     path = recipe_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"recipe {path} is not valid YAML: {err}") from None
+    if data is None or data == {}:  # else it would silently train the defaults (GPT-2 small for 10,000 steps)
+        raise ConfigError(f"recipe {path} is empty: write its sections (model:, data:, optim:, run:, ...), or start "
+                          "from a copy of recipes/smoke.yaml")
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of sections (model:, optim:, ...)")
     extra = parse_overrides(overrides or [])
+    _check_override_arms(data, extra)
     tree = _merge(data, extra)
     _check_not_replaced_by_arms(tree, extra)
     return tree
+
+
+def _check_override_arms(recipe: dict, overrides: dict) -> None:
+    """An override may set the recipe's arms, not add one: a misspelt arm name would silently become a new arm."""
+    declared = recipe.get("arms")
+    given = overrides.get("arms")
+    if not isinstance(declared, dict) or not declared or not isinstance(given, dict):
+        return
+    for name in given:
+        if name not in declared:
+            hint = difflib.get_close_matches(str(name), list(declared), n=1)
+            raise ConfigError(f"override arms.{name}...: the recipe has no arm '{name}'."
+                              f"{' Did you mean ' + repr(hint[0]) + '?' if hint else ''} Its arms are: "
+                              f"{', '.join(declared)} (a new arm goes into a recipe file)")
 
 
 def _check_not_replaced_by_arms(tree: dict, overrides: dict) -> None:
@@ -427,6 +449,10 @@ def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int
     if not isinstance(arm_overrides, dict):
         raise ConfigError(f"arms.{arm} must be a mapping like {{attention: {{fix: dynamic_max}}}}")
     extra = set(arm_overrides) - {"attention"}
+    sections = [f.name for f in dataclasses.fields(Config) if f.name != "arms"]
+    for key in sorted(extra, key=str):
+        if key not in sections:  # a typo, not another section: suggest the one key an arm may hold
+            raise _unknown_key_error(str(key), ["attention"], f"arms.{arm}.")
     if extra:
         raise ConfigError(f"arms.{arm} overrides {', '.join(sorted(extra))}; arms may differ only in 'attention' "
                           "so that the comparison isolates attention numerics. Move those keys to the recipe's top level.")
@@ -437,6 +463,12 @@ def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int
         if problems:
             raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     merged = _merge({k: v for k, v in tree.items() if k != "arms"}, arm_overrides)
+    if isinstance(arm_overrides.get("attention"), dict):  # the arm's problems name the arm
+        _build(AttentionConfig, arm_overrides["attention"], f"arms.{arm}.attention")
+        problems = attention_problems(_build(AttentionConfig, merged.get("attention") or {}, "attention"),
+                                      f"arms.{arm}.attention")
+        if problems:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     merged.setdefault("run", {})
     merged["run"] = {**merged["run"], "arm": arm}
     config = _build(Config, {**merged, "arms": arms})
@@ -540,6 +572,9 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append(f"run.max_minutes={r.max_minutes} must be >= 0 (0: no time limit)")
     if r.log_interval <= 0:
         problems.append("run.log_interval must be positive")
+    if r.overwrite and config.checkpoint.resume:  # refused here, before anything is deleted
+        problems.append("run.overwrite=true deletes the folder's earlier run, but checkpoint.resume=true (the default) "
+                        "would continue it: add checkpoint.resume=false to start over, or drop run.overwrite=true")
     problems += _choice(r.device, ("auto", "cuda", "cpu"), "run.device")
     problems += _choice(config.guard.action, ("stop", "skip"), "guard.action")
     if config.eval.interval < 0 or config.checkpoint.interval < 0:
@@ -663,6 +698,70 @@ def layout_problems(config: Config, world_size: int) -> list[str]:
                         f"validation sequences cannot be split evenly over {dp} data-parallel ranks; for example set "
                         f"eval.batches={batches}")
     return problems
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resuming with other settings
+
+SAFE_CHANGES = (
+    "run.max_steps", "run.max_minutes", "run.log_interval", "run.out_dir", "run.experiment", "run.arm",
+    "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval", "monitor.probe_interval",
+    "checkpoint.interval", "checkpoint.enabled", "data.micro_batch_size", "parallel.*", "arms",
+)
+"""Fields a resumed run may change without run.allow_changes: they say how long to train, how often to log, evaluate,
+monitor and save, where the outputs go and under which names (a checkpoint copied into another folder), and how the
+same computation is laid out over processes (every layout computes the same steps; docs/parallelism.md).
+run.max_steps is safe because the comparison is made on the effective schedule: with optim.decay_steps=0 the cosine
+ends at run.max_steps, so a new run.max_steps changes the effective optim.decay_steps, and that change is not safe.
+``arms`` holds the other arms' settings; this arm's are in ``attention``. run.allow_changes, run.overwrite and
+checkpoint.resume say how to start and are not compared. Everything else (learning rate, schedule,
+model, data, seed, attention numerics, precision, guard, evaluation batches, ...) changes what is trained or measured."""
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "arms":
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _effective(tree: dict) -> dict[str, Any]:
+    flat = _flatten(tree)
+    if not flat.get("optim.decay_steps"):  # 0 means run.max_steps: compare the schedule actually followed
+        flat["optim.decay_steps"] = flat.get("run.max_steps")
+    return flat
+
+
+def _is_safe(name: str) -> bool:
+    return any(name == s or (s.endswith(".*") and name.startswith(s[:-1])) for s in SAFE_CHANGES)
+
+
+def config_changes(trained: dict, now: Config) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """(safe, unsafe) differences between the config a checkpoint was trained with and ``now``, as
+    {dotted field: (trained value, new value)}; fields the checkpoint's config lacks (older code) are ignored."""
+    before, after = _effective(trained), _effective(now.to_dict())
+    commands = ("run.allow_changes", "run.overwrite", "checkpoint.resume")  # how to start, not what trains
+    diffs = {k: (before[k], after[k]) for k in after
+             if k in before and before[k] != after[k] and k not in commands}
+    safe = {k: v for k, v in diffs.items() if _is_safe(k)}
+    return safe, {k: v for k, v in diffs.items() if k not in safe}
+
+
+def changes_refusal(unsafe: dict[str, tuple], step: int, run_dir: Path) -> str:
+    """The message of a resume refused for settings that change the training."""
+    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(unsafe.items()))  # trained -> asked
+    hint = ""
+    if "optim.decay_steps" in unsafe:
+        hint = (f" (optim.decay_steps=0 ends the cosine at run.max_steps; to change run.max_steps on the same "
+                f"schedule, set optim.decay_steps={unsafe['optim.decay_steps'][0]})")
+    return (f"{run_dir} was trained to step {step} with other settings: {listed}{hint}. Resuming would change the "
+            "training and the folder would no longer say what trained: drop those overrides to continue the run as "
+            "it was, use another run.experiment (or checkpoint.resume=false run.overwrite=true) to start over with "
+            "them, or set run.allow_changes=true to continue with them (recorded in changes.yaml)")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -22,7 +22,12 @@ class DataError(RuntimeError):
 
 
 def prepare_hint(data_dir: Path | str) -> str:
-    return f"python -m launcher.prepare_data --out {data_dir}"
+    """The command that prepares ``data_dir``. It names the source: without --source, prepare_data writes the
+    embedded King James Bible, which is only right for the embedded corpus's folder."""
+    if Path(data_dir) == Path("data/cache/kjv"):
+        return f"python -m launcher.prepare_data --source kjv --out {data_dir}"
+    return (f"python -m launcher.prepare_data --source <your .txt/.jsonl/.parquet files or folder, or a cached "
+            f"Hugging Face dataset name> --out {data_dir}")
 
 
 @dataclass
@@ -38,6 +43,9 @@ class TokenData:
     def open(cls, data_dir: str | Path) -> "TokenData":
         data_dir = Path(data_dir)
         meta_path = data_dir / "meta.json"
+        if data_dir.exists() and not data_dir.is_dir():
+            raise DataError(f"data.data_dir={data_dir} is a file, not a data folder: point data.data_dir at a folder "
+                            "written by `python -m launcher.prepare_data` (e.g. data/cache/kjv)")
         if not meta_path.is_file():
             raise DataError(f"no prepared data in {data_dir} (missing meta.json). Prepare it first:\n"
                             f"    {prepare_hint(data_dir)}\n(or point data.data_dir at a prepared folder)")
@@ -81,6 +89,28 @@ def windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[torc
     return data[:, :-1], data[:, 1:]
 
 
+def _recorded_with(path: Path, global_batch_size: int, seq_len: int) -> Optional[str]:
+    """Why the offsets file ``path`` cannot be replayed as the same batches, if it cannot: its run's config.yaml
+    (beside it) must have recorded this global batch size and sequence length. Regrouping offsets of another batch
+    size into steps of this one would replay other batches under the same step numbers."""
+    import yaml
+
+    config = path.parent / "config.yaml"
+    if not config.is_file():
+        return (f"data.replay_from={path}: no config.yaml beside it, so the batch size it was recorded with is "
+                "unknown; give the batch_offsets.bin of a run folder (or copy that run's config.yaml next to it)")
+    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    recorded = {"data.global_batch_size": data.get("global_batch_size"), "data.seq_len": data.get("seq_len")}
+    wanted = {"data.global_batch_size": global_batch_size, "data.seq_len": seq_len}
+    differ = [f"{k}={recorded[k]} there, {wanted[k]} here" for k in wanted if recorded[k] != wanted[k]]
+    if differ:
+        return (f"data.replay_from={path} was recorded with other batches ({'; '.join(differ)}): the same steps "
+                f"would not see the same batches. Set " + " ".join(f"{k}={recorded[k]}" for k in wanted
+                                                                    if recorded[k] != wanted[k])
+                + " to replay it exactly")
+    return None
+
+
 class BatchSchedule:
     """The training batches of a run, sliced for one data-parallel rank.
 
@@ -100,6 +130,9 @@ class BatchSchedule:
             path = Path(replay_from)
             if not path.is_file():
                 raise DataError(f"data.replay_from={replay_from} does not exist; give a run's batch_offsets.bin")
+            recorded_problem = _recorded_with(path, global_batch_size, seq_len)
+            if recorded_problem:
+                raise DataError(recorded_problem)
             recorded = np.fromfile(path, dtype=np.int64)
             if len(recorded) % global_batch_size:
                 raise DataError(f"{path} holds {len(recorded)} offsets, not a multiple of "

@@ -58,6 +58,29 @@ def init(requested_device: str = "auto", parallel: ParallelConfig | None = None)
     return parallel_dims.build(parallel or ParallelConfig(), world, rank, local_rank, device)
 
 
+def default_cpu_threads(cores: int, processes: int, load: float) -> int:
+    """Threads per process for a CPU run when OMP_NUM_THREADS is not set: this node's usable cores shared by its
+    processes, less what other programs keep busy (the 1-minute load average). PyTorch's own default takes every
+    core; on a shared, loaded machine its threads then wait for each other and a step takes ~50x longer (2 cores,
+    load 4: measured 2026-12-01)."""
+    share = max(1, cores // max(1, processes))
+    return max(1, min(share, round(share - load / max(1, processes))))
+
+
+def set_cpu_threads() -> str:
+    """Apply the CPU thread count (OMP_NUM_THREADS when set, else :func:`default_cpu_threads`); returns the
+    progress line that says what was chosen and why."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return f"CPU threads: {torch.get_num_threads()} per process (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    threads = default_cpu_threads(cores, processes, load)
+    torch.set_num_threads(threads)
+    return (f"CPU threads: {threads} per process ({cores} core(s), {processes} process(es) here, load {load:.1f}; "
+            "set OMP_NUM_THREADS to choose)")
+
+
 def shutdown(wait_for_all: bool = False) -> None:
     """Destroy the process groups. ``wait_for_all`` (after a normal end): first wait until every rank is done, so that
     none tears its groups down while another still uses them. Not after an error: the other ranks may never come."""

@@ -66,9 +66,37 @@ def write_report_when_complete(tree: dict, config, completed: set[str]) -> None:
     write_report(experiment_dir)  # prints its summary and the report's path
 
 
+def newest_checkpoint(config) -> str:
+    """What a rerun of ``config`` would resume from, in words."""
+    from launcher.checkpoint import CheckpointStore
+
+    latest = CheckpointStore(config.run_dir).latest()
+    if latest is None:
+        return f"{config.run_dir} holds no checkpoint yet: the same command starts this arm over"
+    return f"the same command resumes {config.run.arm} from {latest} (the newest checkpoint)"
+
+
+CPU_STEP_WARNING_TFLOP = 1.0  # ~10 s or more per step on a CPU
+
+
+def cpu_warning(config) -> Optional[str]:
+    """A warning for a model too large to train on a CPU, before its first (silent) step: training FLOPs per step
+    from the usual 6 x parameters x tokens (+ attention), without building the model."""
+    m, d = config.model, config.data
+    vocab = m.vocab_size or 50304
+    params = 12 * m.n_layer * m.d_model ** 2 * (m.ffn_mult + 2) / 6 + vocab * m.d_model
+    tokens = d.global_batch_size * d.seq_len
+    tflop = (6 * params + 12 * m.n_layer * m.d_model * d.seq_len) * tokens / 1e12
+    if tflop < CPU_STEP_WARNING_TFLOP:
+        return None
+    return (f"this runs on the CPU: ~{params / 1e6:,.0f}M parameters x {tokens:,} tokens per step is ~{tflop:,.0f} "
+            f"TFLOP per step, minutes to hours per step here, and the first progress line comes after step "
+            f"{min(config.run.log_interval, config.run.max_steps)}. Use a GPU, or a small recipe (smoke) on a CPU")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    dims = None
+    dims = current = None
     try:
         tree = load_recipe(args.recipe, args.overrides)
         arms = args.arm or arm_names(tree)
@@ -85,8 +113,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"# arm {config.run.arm}\n" + yaml.safe_dump(config.to_dict(), sort_keys=False))
             return 0
         dims = distributed.init(configs[0].run.device, configs[0].parallel)
+        if dims.device.type == "cpu":
+            threads = distributed.set_cpu_threads()
+            if dims.is_logging_rank:
+                print(f"[train] {threads}", flush=True)
         results = []
         for config in configs:
+            current = config
+            if dims.device.type == "cpu" and dims.is_logging_rank:
+                warning = cpu_warning(config)
+                if warning:
+                    print(f"[{config.run.arm}] {warning}", flush=True)
             results.append(train_arm(config, dims))
             if results[-1].status == "interrupted":
                 break  # the user asked to stop: do not start the next arm
@@ -97,8 +134,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:  # every rank validates the same input: say it once
             print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("aborted without saving; the last checkpoint is intact", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C: say what is on disk, not what might be
+        print(f"aborted without saving; {newest_checkpoint(current) if current else 'nothing was trained'}",
+              file=sys.stderr)
         return 130
     finally:
         distributed.shutdown()

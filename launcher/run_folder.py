@@ -19,7 +19,7 @@ from typing import Optional
 
 from launcher.config import ConfigError
 
-RUN_FILES = ("events.out.tfevents.*", "batch_offsets.bin", "bad_step_*.yaml", "checkpoints/step_*",
+RUN_FILES = ("events.out.tfevents.*", "batch_offsets.bin", "bad_step_*.yaml", "changes.yaml", "checkpoints/step_*",
              "checkpoints/latest", "checkpoints/*.tmp")  # step_*: checkpoints, checksums, damaged and partial ones
 
 

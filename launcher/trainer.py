@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import yaml
 from launcher import distributed
 from launcher.checkpoint import (CheckpointStore, check_fits, gather_training_state, load_fp8_scaling,
                                  load_optimizer_state, load_parameters, rng_state, set_rng_state)
-from launcher.config import Config, ConfigError, OptimConfig
+from launcher.config import Config, ConfigError, OptimConfig, changes_refusal, config_changes
 from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
 from launcher.metrics import Metrics, peak_tflops
 from launcher.parallel.dims import ParallelDims
@@ -58,8 +59,12 @@ class StopRequested:
                 raise KeyboardInterrupt
             return  # SLURM may send TERM and USR1 together (preemption near the time limit): the save goes on
         self.requested = True
-        print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              "(press Ctrl-C again to abort without saving)", flush=True)
+        if os.environ.get("RANK", "0") == "0":  # every rank gets the signal (torchrun passes it on): say it once
+            print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+                  "(press Ctrl-C again to abort without saving)", flush=True)
+            if "TORCHELASTIC_RUN_ID" in os.environ and "LAUNCHER_TORCHRUN" not in os.environ:
+                print("[train] plain torchrun ends a stop with a SignalException traceback and status 1 after the "
+                      "save; `python -m launcher.torchrun` (same arguments) ends it in one line", flush=True)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -215,6 +220,8 @@ class Trainer:
             dist.broadcast_object_list(chosen, src=0)  # the logging rank is rank 0
             latest = chosen[0]
         state = self.store.load(latest) if latest is not None else None
+        self.changes = self._check_changes(state) if state is not None else {}
+        self.metrics_note = ""
         if state is not None:
             check_fits(state, model, dims, latest)
             load_parameters(model, state, dims)
@@ -233,18 +240,46 @@ class Trainer:
         logging = dims.is_logging_rank
         if logging:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+            self._record_config()
         self.metrics = Metrics(self.run_dir, config.run.arm, logging, self.start_step, config.run.max_steps,
                                config.data.global_batch_size * config.data.seq_len,
                                flops_per_token, peak_tflops(config.run.peak_tflops, dims.device),
                                dims.world_size)
         if self.start_step:
             self.metrics.print(f"resumed from {latest} at step {self.start_step}")
+            if self.metrics_note:
+                self.metrics.print(f"settings changed from step {self.start_step} (recorded in "
+                                   f"{self.run_dir / 'changes.yaml'}): {self.metrics_note}")
         else:
             self.metrics.text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
         self.monitors = self._build_monitors(state)
         self.recorder = OffsetRecorder(self.run_dir / "batch_offsets.bin", config.data.global_batch_size,
                                        self.start_step, self.schedule.offsets) if logging else None
+
+    def _check_changes(self, state: dict) -> dict[str, tuple]:
+        """Differences between the checkpoint's config and this one; refused (every rank raises the same error) when
+        one changes the training and run.allow_changes is not set."""
+        if "config" not in state:
+            return {}
+        safe, unsafe = config_changes(state["config"], self.config)
+        if unsafe and not self.config.run.allow_changes:
+            raise ConfigError(changes_refusal(unsafe, state["step"], self.run_dir))
+        return {**safe, **unsafe}
+
+    def _record_config(self) -> None:
+        """config.yaml: the settings the run started with, written once; a resume with other settings appends them
+        to changes.yaml with the step they took effect, so the two files together say what trained."""
+        path = self.run_dir / "config.yaml"
+        if self.start_step == 0 or not path.is_file():
+            path.write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+        if self.start_step and self.changes and self.start_step < self.config.run.max_steps:
+            log = self.run_dir / "changes.yaml"
+            entries = (yaml.safe_load(log.read_text()) or []) if log.is_file() else []
+            entries = [e for e in entries if e.get("step", 0) < self.start_step]  # a resume from an earlier step
+            entries.append({"step": self.start_step, "changes": {k: {"from": a, "to": b}
+                                                                  for k, (a, b) in sorted(self.changes.items())}})
+            log.write_text(yaml.safe_dump(entries, sort_keys=False))
+            self.metrics_note = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(self.changes.items()))
 
     def _build_monitors(self, state: Optional[dict]):
         config = self.config
@@ -360,8 +395,10 @@ class Trainer:
                     self.save_checkpoint(step)
                     metrics.restart_clock()
                 if interrupted:
-                    why = f"run.max_minutes={config.run.max_minutes:g} spent" if time_up else "interrupted"
-                    status, message = "interrupted", f"{why} at step {step}; the same command resumes"
+                    why = f"run.max_minutes={config.run.max_minutes:g} spent" if time_up else "stopped by a signal"
+                    then = ("the same command resumes" if config.checkpoint.enabled else
+                            "nothing saved (checkpoint.enabled=false): the same command starts over")
+                    status, message = "interrupted", f"{why} at step {step}; {then}"
                     break
         metrics.close()
         self.engine.close()

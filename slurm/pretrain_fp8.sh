@@ -48,6 +48,14 @@ on_term() { STOP=${STOP:-terminated}; }
 trap on_usr1 USR1
 trap on_term TERM
 
+# Started with bash instead of sbatch, the script would fail on the first SLURM variable: say what it is instead.
+if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+  echo "slurm/pretrain_fp8.sh is a batch script for SLURM: submit it with \`sbatch slurm/pretrain_fp8.sh\` from the" \
+       "repository root. To try the training without SLURM: python -m launcher.pretrain ${RECIPE:-gpt_1p3b_fp8}" \
+       "(or torchrun --nproc-per-node N -m launcher.pretrain RECIPE; smoke runs on a CPU)" >&2
+  exit 2
+fi
+
 # SLURM runs a spooled copy of this script, so paths are taken from the submission folder: the repository root.
 cd "${SLURM_SUBMIT_DIR:-.}"
 if [[ ! -f launcher/pretrain.py ]]; then

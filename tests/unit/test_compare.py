@@ -74,7 +74,8 @@ def test_report_has_every_file_and_finds_the_planted_divergence(experiment, caps
     summary = (out_dir / "summary.txt").read_text()
     assert f"fixed vs baseline: diverge at step {DIVERGE_AT}" in summary
     assert "grew most: L01" in summary
-    assert "what this shows: " in summary and "rounding noise, not the failure" in summary  # a short run
+    # a short run with a divergence: not called rounding noise, pointed at the monitors
+    assert "what this shows: " in summary and "long before the step at which the paper" in summary
     assert summary.strip() in capsys.readouterr().out
     layout_files = list(experiment.rglob("events.out.tfevents.*.layout"))
     assert len(layout_files) == 1 and layout_files[0].parent.parent == experiment  # in an arm: no run of its own

@@ -50,16 +50,19 @@ def test_recorded_offsets_replay_and_resume_truncation(kjv_data, tmp_path):
         recorder.record(step_offsets(3, step, 4, 16, len(data.train)))
     OffsetRecorder(path, 4, start_step=3)  # resuming at step 3 drops steps 3 and 4
     assert path.stat().st_size == 3 * 4 * 8
+    with pytest.raises(DataError, match="no config.yaml beside it"):
+        BatchSchedule(data, seed=999, seq_len=16, global_batch_size=4, micro_batch_size=4, replay_from=str(path))
+    (tmp_path / "config.yaml").write_text("data: {global_batch_size: 4, seq_len: 16}\n")  # as a run folder holds
     replay = BatchSchedule(data, seed=999, seq_len=16, global_batch_size=4, micro_batch_size=4, replay_from=str(path))
     assert np.array_equal(replay.offsets(2), step_offsets(3, 2, 4, 16, len(data.train)))
     with pytest.raises(DataError, match="replayed offsets end at step 3"):
         replay.offsets(3)
-    with pytest.raises(DataError, match="not a multiple"):
-        BatchSchedule(data, 1, 16, global_batch_size=5, micro_batch_size=5, replay_from=str(path))
+    with pytest.raises(DataError, match="global_batch_size=4 there, 2 here.*Set data.global_batch_size=4"):
+        BatchSchedule(data, 1, 16, global_batch_size=2, micro_batch_size=2, replay_from=str(path))  # 12 offsets
 
 
 def test_missing_data_names_the_prepare_command(tmp_path):
-    with pytest.raises(DataError, match="python -m launcher.prepare_data --out"):
+    with pytest.raises(DataError, match="python -m launcher.prepare_data --source <your .*--out"):
         TokenData.open(tmp_path / "nothing")
 
 

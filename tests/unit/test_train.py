@@ -95,7 +95,7 @@ def test_time_limit_saves_and_the_same_command_continues(tiny_overrides):
 
 @pytest.mark.parametrize("args, expect", [
     (["smoke", "model.n_layers=3"], "Valid keys in model: vocab_size"),
-    (["smoke", "data.data_dir=/nonexistent/prepared"], "python -m launcher.prepare_data --out /nonexistent/prepared"),
+    (["smoke", "data.data_dir=/nonexistent/prepared"], "python -m launcher.prepare_data --source <your"),
     (["smoke", "attention.backend=triton", "run.device=cpu"], "needs a CUDA GPU"),
     (["nosuch"], "recipe 'nosuch' not found"),
 ])
