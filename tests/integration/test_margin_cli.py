@@ -50,7 +50,9 @@ def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path, kjv_data):
 
     from tests.runs import REPO, launcher_env
 
-    args = ["margin", *TINY, f"data.data_dir={kjv_data}", "run.max_steps=400", "run.log_interval=5",
+    # far more steps than either leg can train: the legs end by Ctrl-C and by margin.max_minutes, never by finishing
+    # (400 steps finished inside 0.4 min on an idle machine)
+    args = ["margin", *TINY, f"data.data_dir={kjv_data}", "run.max_steps=1000000", "margin.budget_minutes=0", "run.log_interval=5",
             f"run.out_dir={tmp_path}", "run.experiment=m"]
     log = tmp_path / "m" / "seed_1337" / "logs" / "paper-none_g1_kept.log"
     with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
