@@ -105,6 +105,12 @@ def agrees(tag: str, a: float, b: float, pipeline: bool = False) -> bool:
     # range is.
     if tag.endswith("tie_rate"):
         return 0.0 <= a <= 1.0
+    # The early warning is a flag raised by a tie rate or a W_Q growth crossing a threshold: the same step function,
+    # so only its values are checked; its growth ratio is a ratio of spectral norms
+    if tag == "warning/on":
+        return a in (0.0, 1.0)
+    if tag == "warning/wq_growth":
+        return close(a, b, 1e-2)
     # delta-bias sums and cosines are sums of last-bit rounding errors: their values are noise at this scale; only
     # the tags must match
     return tag.startswith("delta_bias/")
