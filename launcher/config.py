@@ -138,12 +138,15 @@ class MonitorConfig:
     warning_layer: int = 1
     """Layer (global index) watched by the early warning (tag warning/on; launcher/monitors/warning.py); the paper's
     failing layer is 1. A layer the model does not have turns the warning off."""
-    warning_tie_rate: float = 0.10
+    warning_tie_rate: float = 0.04
     """Warn when warning_layer's tie rate (attn/Lxx/tie_rate, mean over heads) is above this; 0 disables this part.
-    Provisional (not yet calibrated): diverging accelerated runs climbed from ~1% to 25-44%, stable ones stayed at 1-2%."""
-    warning_wq_growth: float = 2.0
+    Calibrated on the H200 margin grid of 2026-12-01 (docs/results.md; one seed, evaluated on the runs it was chosen
+    from): stable arms' layer-1 tie rate stays at ~1-3%; 0.04 warned 3 of 7 diverging arms 30-195 steps ahead, with
+    false alarms on 2 of 35 stable arms."""
+    warning_wq_growth: float = 0.0
     """Warn when warning_layer's largest per-head W_Q spectral norm exceeds this factor x its value warning_window
-    steps earlier; 0 disables this part. Provisional: diverging accelerated runs went 6 -> 30 -> 70, stable ones ~15."""
+    steps earlier; 0 (the default) disables this part. Off because in the margin grid of 2026-12-01 every arm's W_Q
+    grew x2-x3 within 500 steps early in training (false alarms on 31-35 of 35 stable arms at x2 and x3)."""
     warning_window: int = 500
     """Steps over which warning_wq_growth is measured."""
     warning_after_step: int = 200

@@ -307,7 +307,7 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         md.append(f"| {spec.name} | {spec.seed} | {len(spec.cells)} | {s} | {st.get('step', '')} | "
                   f"{_cell(st.get('reason', ''))} | {'' if w is None else f'on at {w}'} | {judged} |")
     diverged = sum(1 for st in status.values() if st.get("status") == "diverged")
-    warn_line = (f"Early warning ({warn_rule.describe()}; provisional thresholds, monitor.warning_*): warned before "
+    warn_line = (f"Early warning ({warn_rule.describe()}; thresholds monitor.warning_*, calibrated on one margin grid: docs/results.md): warned before "
                  f"divergence on {len(leads)} of {diverged} diverged arms"
                  + (f" (lead time median {int(np.median(leads))} steps, min {min(leads)}, max {max(leads)})"
                     if leads else "") + f"; false alarms on {false_alarms} of {stable} stable arms.")

@@ -1,7 +1,7 @@
 """Early warning of the paper's failure from monitors a normal run already logs (issue 19, deliverable 6).
 
-The rule (thresholds are ``monitor.warning_*`` fields, see launcher/config.py; all provisional until calibrated on
-GPU margin runs): from step ``warning_after_step`` on, a condition holds at a monitor step when
+The rule (thresholds are ``monitor.warning_*`` fields, see launcher/config.py; defaults calibrated on one GPU
+margin grid, docs/results.md): from step ``warning_after_step`` on, a condition holds at a monitor step when
 
 - ``tie``: layer ``warning_layer``'s tie rate (``attn/Lxx/tie_rate``, mean over heads) is above ``warning_tie_rate``, or
 - ``wq``: that layer's largest per-head W_Q spectral norm (max over ``spectral/Lxx/wq/hyy``) is more than
