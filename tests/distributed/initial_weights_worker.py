@@ -55,7 +55,7 @@ def main() -> int:
     base = distributed.init("cpu")
     overrides = ["model.vocab_size=2048", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
                  "model.max_seq_len=64", "data.seq_len=64", "data.global_batch_size=8", "data.micro_batch_size=1",
-                 "precision.dtype=fp32"]
+                 "precision.dtype=fp32", "arms.fixed.attention.fix=dynamic_max"]  # hashes the global head index
     torch.manual_seed(1)  # the trainer must not depend on the global RNG state it finds
     config = load_config("smoke", overrides, arm="fixed", world_size=world)
     torch.manual_seed(config.run.seed)

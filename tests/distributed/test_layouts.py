@@ -38,7 +38,9 @@ def out_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def common(kjv_data, out_dir) -> list[str]:
-    return ["smoke", "--arm", "fixed", "--no-report", f"data.data_dir={kjv_data}", f"run.out_dir={out_dir}",
+    # the safe dynamic_max fix: its per-row shift hashes the global head index, which every layout must keep
+    return ["smoke", "--arm", "fixed", "arms.fixed.attention.fix=dynamic_max", "--no-report",
+            f"data.data_dir={kjv_data}", f"run.out_dir={out_dir}",
             "run.log_interval=1", "model.n_layer=2", "model.d_model=64", "model.n_head=2", "model.max_seq_len=64",
             "data.seq_len=64", "data.global_batch_size=8", "data.micro_batch_size=2", "optim.warmup_steps=2",
             f"optim.decay_steps={STEPS}", "eval.interval=5", "eval.batches=2", "monitor.spectral_interval=5",

