@@ -102,7 +102,7 @@ def test_arms_may_set_the_delta_stress_and_stochastic_output():
     overrides = ["arms.fixed.attention.delta_gain=20", "arms.fixed.attention.delta_sign=random",
                  "arms.baseline.attention.fix=stochastic_output", "precision.dtype=bf16"]
     fixed, base = (load_config("smoke", overrides, arm=arm).attention for arm in ("fixed", "baseline"))
-    assert (fixed.delta_gain, fixed.delta_sign, fixed.fix) == (20.0, "random", "dynamic_max") and fixed.needs_noise_keys
+    assert (fixed.delta_gain, fixed.delta_sign, fixed.fix) == (20.0, "random", "fp32_output") and fixed.needs_noise_keys
     assert (base.delta_gain, base.delta_sign, base.fix) == (1.0, "kept", "stochastic_output") and base.needs_noise_keys
     assert not load_config("smoke", ["attention.delta_gain=0"]).attention.needs_noise_keys
     assert "attention.delta_gain = 1.0" in describe() and "attention.delta_sign = 'kept'" in describe()
