@@ -43,6 +43,7 @@ import yaml
 
 from kernels.modes import FIXES, ROUNDINGS
 from launcher.config import ConfigError, _build, build_config, environment_problems, field_docs, load_recipe
+from launcher.margin_report import STATE_FILE, bisect_path, load_state, save_state
 from model.attention import AttentionConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +51,6 @@ SIGNS = ("kept", "random")
 SCHEDULES = ("bisect", "full")
 NO_DELTA_FIXES = ("fp32_output",)  # fixes whose backward takes delta from an FP32 O: no delta error to amplify
 DELTA_FIELDS = ("delta_gain", "delta_sign")
-STATE_FILE = "margin_state.json"
 
 
 @dataclass
@@ -262,24 +262,6 @@ def seed_tree(tree: dict, plan: Plan, seed: int, experiment_dir: Path) -> dict:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Scheduling
-
-
-def bisect_path(gains: list[tuple[float, str]], result_of) -> tuple[Optional[int], int, tuple[int, int]]:
-    """Walk the bisection over a series' gains. ``result_of(key)`` -> 'survived' | 'diverged' | None (unknown).
-    Returns (index of the first gain whose result is unknown, or None when decided; its depth; (lo, hi) bounds:
-    gains below lo survive, above hi diverge)."""
-    lo, hi, depth = 0, len(gains) - 1, 0
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        result = result_of(gains[mid][1])
-        if result not in ("survived", "diverged"):
-            return mid, depth, (lo, hi)
-        if result == "survived":
-            lo = mid + 1
-        else:
-            hi = mid - 1
-        depth += 1
-    return None, depth, (lo, hi)
 
 
 def tree_depths(n: int) -> list[int]:
@@ -681,22 +663,6 @@ def _cells_text(spec: ArmSpec) -> str:
     if len(spec.cells) > 1:
         return f"{c.numerics}, {len(spec.cells)} cells"
     return f"{c.numerics} g={c.gain:g} {c.sign}"
-
-
-def load_state(path: Path) -> dict:
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            pass
-    return {"version": 1, "arms": {}}
-
-
-def save_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-    tmp.replace(path)
 
 
 # ----------------------------------------------------------------------------------------------------------------

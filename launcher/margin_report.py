@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,42 @@ import numpy as np
 from launcher.compare import load_scalars, smooth
 from launcher.monitors import tags
 from launcher.monitors.warning import WarningRule, evaluate
+
+STATE_FILE = "margin_state.json"  # the runner's record of judged arms, in the experiment folder
+
+
+def load_state(path: Path) -> dict:
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    return {"version": 1, "arms": {}}
+
+
+def save_state(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def bisect_path(gains: list[tuple[float, str]], result_of) -> tuple[Optional[int], int, tuple[int, int]]:
+    """Walk the bisection over a series' gains. ``result_of(key)`` -> 'survived' | 'diverged' | None (unknown).
+    Returns (index of the first gain whose result is unknown, or None when decided; its depth; (lo, hi) bounds:
+    gains below lo survive, above hi diverge)."""
+    lo, hi, depth = 0, len(gains) - 1, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        result = result_of(gains[mid][1])
+        if result not in ("survived", "diverged"):
+            return mid, depth, (lo, hi)
+        if result == "survived":
+            lo = mid + 1
+        else:
+            hi = mid - 1
+        depth += 1
+    return None, depth, (lo, hi)
 
 REPORT_DIR = "margin_report"
 
@@ -134,7 +171,6 @@ class Outcome:
 
 def series_outcomes(gains: list[tuple[float, str]], status: dict[str, dict], bisect: bool) -> dict[float, Outcome]:
     """Per gain of a series: observed results, and (bisect) the ones its bisection implies."""
-    from launcher.margin import bisect_path
 
     def result_of(key):
         return status.get(key, {}).get("status")
@@ -235,7 +271,6 @@ def _finalise_status(experiment_dir: Path, plan, state: dict, rule: DivergenceRu
 
 def write_report(experiment_dir: Path, plan, config) -> Path:
     """Write margin_report/{margin.md, margin.html, *.png} from the runs so far; print the table; return the HTML."""
-    from launcher.margin import STATE_FILE, load_state
 
     m = plan.config
     experiment_dir = Path(experiment_dir)
