@@ -252,7 +252,8 @@ def main(argv=None) -> int:
                              f"{PAPER_BLOCK_KEYS} (the authors' code) and 0 (the paper's analysis))")
     parser.add_argument("--out", default=None, help="also write the markdown tables to this file")
     parser.add_argument("--sequences", type=int, default=32, help="sequences of 256 query rows per case (cases "
-                        "with 1024 keys use a quarter as many: the same rows); default 32 (22 s on the 2-core CPU machine, 2026-12-01; docs/bias-probe-cpu.md)")
+                        "with 1024 keys use a quarter as many: the same rows); default 32 (22 s on the 2-core "
+                        "CPU machine, 2026-12-01)")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh, printed)")
     args = parser.parse_args(argv)
     if args.backend not in ("reference", "triton"):
