@@ -258,9 +258,10 @@ def test_stochastic_output_bit_for_bit_where_sums_are_exact(rounding, seed):
 @pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
 def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix, seed):
     """Gain 1 kept (keys or not) is the mode's path bit for bit, without an FP32 O unless the fix keeps one; gain 0
-    gives fp32_output's gradients: bit for bit for fix=none; for stochastic_output within one bf16 step of the
-    largest gradient (on the H200, 2026-12-01, they differed bitwise: the autotuner keys its tile choice by the fix,
-    and another key tile gives FP32 O other last bits, which the bf16 rounding of dS can carry into a gradient)."""
+    gives fp32_output's gradients within one bf16 step of the largest gradient. Not bit for bit here: the autotuner
+    keys its tile choice by the fix, another key tile gives the FP32 O other last bits, and the bf16 rounding of dS
+    can carry them into a gradient (H200, 2026-12-01: dq differed for fa2/none, paper/none, fa2/stochastic_output).
+    With the same tiles the bits are equal: test_attention_triton_interp.py checks that with fixed tiles."""
     from kernels import triton_flash
 
     q, k, v, d_out = (torch.randn(2, 4, 300, 64, device="cuda").bfloat16() for _ in range(4))
@@ -280,11 +281,8 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix,
     if fix in ("none", "stochastic_output"):
         zero, fp32 = run(fix, delta_gain=0.0, noise_keys=keys), run("fp32_output")
         for name, a, b in zip("qkv", zero[1:], fp32[1:]):
-            if fix == "none":
-                assert torch.equal(a, b), f"seed={seed}: d{name}"
-            else:
-                step = 2.0**-7 * b.float().abs().max().item()
-                assert (a.float() - b.float()).abs().max().item() <= step, f"seed={seed}: d{name}"
+            step = 2.0**-7 * b.float().abs().max().item()
+            assert (a.float() - b.float()).abs().max().item() <= step, f"seed={seed}: d{name}"
 
 
 @pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
