@@ -691,10 +691,9 @@ _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
 # and in rounding=paper a BLOCK_N no larger than the paper tile (its blocks must not straddle two tiles).
 _ALL_D = (16, 32, 64, 128)
 _FWD_CONFIGS = [(128, 64, 4, 3, _ALL_D), (128, 128, 8, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D)]
-# Head dim 128 also tries shallower pipelines and 8 warps (the H200 run of 2026-11-30 picked the original three
-# configurations at head dim 64, where deeper pipelines and 8-warp 2-stage variants were tried and lost). The
-# 64 x 64 forward, the 2-stage 64 x 64 / 32 x 64 dK/dV and the 32-key dQ tiles were the fastest of a 114-configuration
-# sweep at (16, 12, 1024, 64) on the H200 (benchmarks.attention_tiles, 2026-12-01; docs/attention-kernel.md).
+# Head dim 128 also tries shallower pipelines and 8 warps, which won there and lost at head dim 64; the 64 x 64
+# forward, the 2-stage 64 x 64 / 32 x 64 dK/dV and the 32-key dQ tiles come from a sweep of benchmarks.attention_tiles
+# (the measurements and their commands: docs/attention-kernel.md, "Speed").
 _D128 = (128,)
 _DKDV_CONFIGS = [(32, 128, 4, 3, _ALL_D), (64, 128, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D),
                  (64, 64, 4, 2, _ALL_D), (32, 64, 4, 2, _ALL_D),
