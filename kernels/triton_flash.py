@@ -432,6 +432,15 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
 
 
 @triton.jit
+def _row_tile(X, b, h, stride_b, stride_h, stride_t, offs_m, offs_d, ok):
+    """Rows offs_m of x[b, h] as an FP32 (rows x head_dim) tile, zeros where ``ok`` (the rows < T) is false: the loads
+    of both delta launches. The caller computes ``ok`` once, as the kernels did before this helper, so their sm_90
+    PTX is unchanged instruction for instruction."""
+    return tl.load(X + b * stride_b + h * stride_h + offs_m[:, None] * stride_t + offs_d[None, :], mask=ok,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot, H, T,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta = rowsum(dO * O_saved) in FP32; O_saved is the LP O or the FP32 O (fix=fp32_output)."""
@@ -441,10 +450,8 @@ def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m[:, None] < T
-    o = tl.load(OS + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], mask=ok,
-                other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
-                 other=0.0).to(tl.float32)
+    o = _row_tile(OS, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d, ok)
+    do = _row_tile(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d, ok)
     tl.store(DELTA + bh * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
 
 
@@ -462,12 +469,9 @@ def _bwd_delta_gain_kernel(OS, O32, DO, KEYS, DELTA, stride_ob, stride_oh, strid
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m[:, None] < T
-    o = tl.load(OS + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], mask=ok,
-                other=0.0).to(tl.float32)
-    o32 = tl.load(O32 + b * stride_32b + h * stride_32h + offs_m[:, None] * stride_32t + offs_d[None, :], mask=ok,
-                  other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
-                 other=0.0).to(tl.float32)
+    o = _row_tile(OS, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d, ok)
+    o32 = _row_tile(O32, b, h, stride_32b, stride_32h, stride_32t, offs_m, offs_d, ok)  # FP32 already: .to is a no-op
+    do = _row_tile(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d, ok)
     d_mode = tl.sum(o * do, 1)
     d32 = tl.sum(o32 * do, 1)
     gs = tl.full([BLOCK_M], gain, tl.float32)

@@ -62,7 +62,7 @@ class AttentionConfig:
     """Triton backend only (ignored by the others): true times the kernel's tile configurations on the first call of
     each shape and keeps the fastest; false runs the fixed 64 x 64 tiles. The key tile sets the order of the FP32
     sums, so with autotuning the last bits of O and the gradients can depend on which configuration won the timing
-    (another GPU, process or data-parallel rank); false makes them fixed, at some speed."""
+    (another GPU, process or data-parallel rank); false makes them fixed, at some cost in speed."""
 
     @property
     def numerics(self) -> str:
