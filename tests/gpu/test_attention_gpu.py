@@ -262,8 +262,9 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix,
     """Gain 1 kept (keys or not) is the mode's path bit for bit, without an FP32 O unless the fix keeps one; gain 0
     gives fp32_output's gradients: bit for bit for fix=none; for stochastic_output within one bf16 step of the
     largest gradient (on the H200, 2026-12-01, they differed bitwise). These tests have always run with fixed tiles
-    (the fixture set SLA_ATTN_AUTOTUNE=0 for every test), so the autotuner's per-fix tile choice is not the cause;
-    a candidate not yet checked: fp32_output's delta launch may contract FMAs, the gain launch is compiled without."""
+    (the fixture set SLA_ATTN_AUTOTUNE=0 for every test), so the autotuner's per-fix tile choice is not the cause.
+    A likely one, seen in the sm_90 PTX but not yet on the GPU: fp32_output's delta launch contracts dO * O into FMAs,
+    the gain launch (enable_fp_fusion=False) does not, so their FP32 row sums can differ in the last bit."""
     from kernels import triton_flash
 
     q, k, v, d_out = (torch.randn(2, 4, 300, 64, device="cuda").bfloat16() for _ in range(4))
