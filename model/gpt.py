@@ -60,9 +60,10 @@ class CausalSelfAttention(nn.Module):
     Separate projections (instead of one fused QKV matrix) keep W_Q addressable on its own: the paper's failure
     shows up first in W_Q's spectral norm, and per-head blocks of W_Q are rows [h*hd, (h+1)*hd) of q_proj.weight.
     The forward concatenates the three weights and multiplies once, which is cheaper than three products (measured:
-    docs/results.md, "Training speed"). The projections only need ``weight``, ``bias`` and ``out_features``, so tensor parallelism's column-parallel shards
-    fuse the same way (each rank: its own heads of q, k and v). ``fused_qkv = False`` calls the three projection
-    modules instead (DeepSpeed ZeRO-3 gathers a module's parameters only when that module runs).
+    docs/results.md, "Training speed"). The projections only need ``weight``, ``bias`` and ``out_features``, so
+    tensor parallelism's column-parallel shards fuse the same way (each rank: its own heads of q, k and v).
+    ``fused_qkv = False`` calls the three projection modules instead (DeepSpeed ZeRO-3 gathers a module's parameters
+    only when that module runs).
     """
 
     def __init__(self, config: GPTConfig, layer_idx: int, attention_fn: AttentionFn):
