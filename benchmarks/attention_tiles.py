@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing as mp
-import os
 import sys
 
 import torch
