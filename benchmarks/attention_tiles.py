@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing as mp
-import os
 import sys
 
 import torch
@@ -38,8 +37,9 @@ def candidates(kernel: str, paper_tile: int) -> list[dict]:
     return out
 
 
-def prepare(shape, mode: str):
-    """The four launches of one fwd+bwd at shape (B, H, T, D), bf16 causal, in model layout; delta is filled."""
+def prepare(shape, mode: str, autotune: bool = True):
+    """The four launches of one fwd+bwd at shape (B, H, T, D), bf16 causal, in model layout; delta is filled.
+    ``autotune`` False: the launches' own configuration is the fixed one (no timing on the first call)."""
     from kernels import triton_flash as tf
     from kernels.modes import check_args
 
@@ -48,18 +48,17 @@ def prepare(shape, mode: str):
     q, k, v, d_out = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                       for _ in range(4))
     nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, (torch.bfloat16,))
-    fwd, out, lse, o32 = tf._forward_launch(q, k, v, True, nm)
+    fwd, out, lse, o32 = tf._forward_launch(q, k, v, True, nm, autotune=autotune)
     fwd()
     saved = o32 if nm.keeps_fp32_output else out
-    (delta, dkdv, dq), _ = tf._backward_launches(d_out, q, k, v, saved, lse, True, nm)
+    (delta, dkdv, dq), _ = tf._backward_launches(d_out, q, k, v, saved, lse, True, nm, autotune=autotune)
     delta()
     return {"fwd": fwd, "delta": delta, "dkdv": dkdv, "dq": dq}, nm
 
 
 def _compile_worker(args):
     shape, mode, jobs = args
-    os.environ["SLA_ATTN_AUTOTUNE"] = "0"  # the workers only compile
-    launches, _ = prepare(shape, mode)
+    launches, _ = prepare(shape, mode, autotune=False)  # the workers only compile
     for kernel, cfg in jobs:
         try:
             launches[kernel].with_config(cfg)

@@ -6,7 +6,8 @@ At a tiny shape the GPU finishes each kernel in a few microseconds, so a loop of
 issue them: the time per call without synchronising is the host cost. Rows:
 
 - ``triton, cached launch``: ``kernels.flash_attention`` then ``backward``, as a model calls it (the default path);
-- ``triton, Triton's launch``: the same with ``SLA_ATTN_FAST_LAUNCH`` off (every launch through ``JITFunction``);
+- ``triton, Triton's launch``: the same after ``kernels.triton_flash.set_fast_launch(False)`` (every launch through
+  ``JITFunction``);
 - ``triton forward only``: under ``torch.no_grad``;
 - ``triton forward / backward, no autograd``: the launch functions alone (allocations and four launches);
 - ``sdpa <backend>``: torch's C++ path, for comparison;
@@ -106,11 +107,11 @@ def rows(shape, mode: str, calls: int):
         print(f"  {name}: {host:.1f} us host, {total:.1f} us with the GPU's finish", file=sys.stderr, flush=True)
 
     add("triton fwd+bwd, cached launch", triton_step)
-    tf.FAST_LAUNCH = False
+    previous = tf.set_fast_launch(False)
     try:
         add("triton fwd+bwd, Triton's launch", triton_step)
     finally:
-        tf.FAST_LAUNCH = True
+        tf.set_fast_launch(previous)
     add("triton forward only (no_grad)", triton_forward)
     add("triton forward launch, no autograd", lambda: tf._forward(q, k, v, True, nm))
     add("triton backward launches, no autograd", lambda: tf._backward(d_out, q, k, v, saved, lse, True, nm))

@@ -28,7 +28,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
                     paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
                     total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
-                    noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+                    noise_keys: torch.Tensor | None = None, autotune: bool = True,
+                    out_fill: float | None = None) -> torch.Tensor:
     """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
 
     q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
@@ -49,25 +50,34 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     global head, query position) (``"random"``). delta_gain=1 with "kept" is exactly the mode's own code path.
     ``noise_keys``: int64 (batch,), one key per batch row (``kernels.rounding.layer_keys``; None: 0 for every row),
     used by stochastic_output and random signs only.
+
+    ``autotune``: True times the tile configurations on the first call of each shape and mode and keeps the fastest;
+    False uses the fixed 64 x 64 tiles (as under the interpreter). The key tile sets the order of the FP32 sums, so
+    only with fixed tiles are the last bits independent of which configuration won the timing (another GPU, process
+    or rank), and does rounding=fa2 match ``reference_attention`` with ``block_n=64``.
+    ``out_fill``: what the output and gradient buffers start filled with (None: uninitialised, the fast default).
+    Tests pass NaN, so that an element no launch writes shows up. Neither changes a bit of a result.
     """
     from kernels import triton_flash
 
     return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
                                         head_offset=head_offset, total_heads=total_heads, delta_gain=delta_gain,
-                                        delta_sign=delta_sign, noise_keys=noise_keys)
+                                        delta_sign=delta_sign, noise_keys=noise_keys, autotune=autotune,
+                                        out_fill=out_fill)
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",
                  fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference",
                  paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0,
-                 delta_gain: float = 1.0, delta_sign: str = "kept",
-                 noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+                 delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: torch.Tensor | None = None,
+                 autotune: bool = True, out_fill: float | None = None) -> torch.Tensor:
     """The O tensor whose rowsum(dO * O) is the backward's delta in this mode (forward only, no graph).
 
     LP O (input dtype; bf16 for FP32 inputs on the reference backend), the stochastically rounded O for
     fix=stochastic_output, or the FP32 O for fix=fp32_output. On the amplified delta path (delta_gain != 1 or
     delta_sign="random") the FP32 O_fp32 + delta_gain * s * (O_mode - O_fp32): delta is linear in O, so its delta is
-    the backward's up to the FP32 rounding of the sums. Other arguments as in ``flash_attention``.
+    the backward's up to the FP32 rounding of the sums. Other arguments as in ``flash_attention``; ``autotune`` and
+    ``out_fill`` apply to the triton backend (the reference's forward allocates no buffer it fills piecewise).
     """
     kw = dict(paper_block_keys=paper_block_keys, head_offset=head_offset, total_heads=total_heads,
               delta_gain=delta_gain, delta_sign=delta_sign, noise_keys=noise_keys)
@@ -76,5 +86,6 @@ def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: b
     if backend == "triton":
         from kernels import triton_flash
 
-        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, **kw)
+        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, autotune=autotune,
+                                         out_fill=out_fill, **kw)
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")

@@ -1,7 +1,8 @@
 """Bias probe: the signed rounding error of O and of delta = rowsum(dO * O) on rows with k tied maxima.
 
     python -m kernels.bias_probe [--backend reference|triton] [--case tile|spread|dominant|sink ...]
-                                 [--paper-block-keys N ...] [--sequences N] [--seed S] [--out FILE.md]
+                                 [--paper-block-keys N ...] [--sequences N] [--seed S] [--fixed-tiles]
+                                 [--out FILE.md]
 
 Common construction (bf16, head_dim 64, non-causal). Each sequence has seq/16 anchor keys, split evenly over the
 case's tie counts k; anchor g is a random key vector (norm 8) copied to k positions, so its k scores are exactly
@@ -142,8 +143,9 @@ def build_inputs(sequences: int, generator: torch.Generator, case: Case = CASES[
     return as_bf16(qs), as_bf16(ks), as_bf16(v), as_bf16(d_out), row_ties
 
 
-def _outputs(q, k, v, mode, backend: str, o_ref):
-    """(O the mode returns, O its backward uses for delta) for a Mode, EXACT or an SDPA backend name."""
+def _outputs(q, k, v, mode, backend: str, o_ref, autotune: bool = True):
+    """(O the mode returns, O its backward uses for delta) for a Mode, EXACT or an SDPA backend name; ``autotune``
+    (triton backend): tuned or the fixed tiles."""
     import kernels
 
     if mode == EXACT:
@@ -157,6 +159,7 @@ def _outputs(q, k, v, mode, backend: str, o_ref):
         return out, out
     kw = mode.kwargs()
     if backend == "triton":
+        kw["autotune"] = autotune
         out = kernels.flash_attention(q, k, v, causal=False, **kw)
     else:
         out = kernels.reference_attention(q, k, v, causal=False, **kw)
@@ -164,11 +167,11 @@ def _outputs(q, k, v, mode, backend: str, o_ref):
     return out, saved
 
 
-def measure(q, k, v, d_out, row_ties, mode, backend: str, o_ref=None) -> dict:
+def measure(q, k, v, d_out, row_ties, mode, backend: str, o_ref=None, autotune: bool = True) -> dict:
     """Mean signed errors of one mode: {'o_imb': {k: ulps}, 'o_ctl': {...}, 'delta': {...}, 'nan_rows': int,
     'zero_rows': int}; tie counts without rows are left out."""
     o_ref = exact_attention(q, k, v, causal=False)[0] if o_ref is None else o_ref
-    out, saved = _outputs(q, k, v, mode, backend, o_ref)
+    out, saved = _outputs(q, k, v, mode, backend, o_ref, autotune)
     out, saved, o_ref, dof = (t.double().cpu()[0] for t in (out, saved, o_ref, d_out))
     ulp = bf16_ulp(o_ref)
     err = (out - o_ref) / ulp
@@ -187,9 +190,10 @@ def measure(q, k, v, d_out, row_ties, mode, backend: str, o_ref=None) -> dict:
 
 
 def run_probe(backend: str = "reference", sequences: int = 32, seed: int | None = None, modes=None, cases=None,
-              paper_block_keys=(None,), progress=None) -> tuple[int, dict]:
+              paper_block_keys=(None,), progress=None, autotune: bool = True) -> tuple[int, dict]:
     """Measure ``modes`` (Mode, EXACT or SDPA names; default: every mode, bf16(exact), SDPA on CUDA) on ``cases``
-    (names; default all). Returns (seed, {case: {label: result}}); ``sequences`` counts 256-row sequences."""
+    (names; default all). Returns (seed, {case: {label: result}}); ``sequences`` counts 256-row sequences.
+    ``autotune`` False: the Triton backend runs on its fixed tiles (``kernels.flash_attention``)."""
     seed = int(torch.randint(0, 2**31 - 1, (1,))) if seed is None else seed
     if modes is None:
         modes = default_modes(paper_block_keys) + [EXACT]
@@ -207,7 +211,7 @@ def run_probe(backend: str = "reference", sequences: int = 32, seed: int | None 
         for i, mode in enumerate(modes):
             label = mode if isinstance(mode, str) else mode.label
             t0 = time.time()
-            results[name][label] = measure(q, k, v, d_out, row_ties, mode, backend, o_ref)
+            results[name][label] = measure(q, k, v, d_out, row_ties, mode, backend, o_ref, autotune)
             if progress:
                 progress(f"[{name} {i + 1}/{len(modes)}] {label}: {time.time() - t0:.1f} s")
     return seed, results
@@ -255,6 +259,8 @@ def main(argv=None) -> int:
                         "with 1024 keys use a quarter as many: the same rows); default 32 (22 s on the 2-core "
                         "CPU machine, 2026-12-01)")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh, printed)")
+    parser.add_argument("--fixed-tiles", action="store_true", help="--backend triton: run the kernel on its fixed "
+                        "64 x 64 tiles instead of autotuning (compiles once per mode; the tiles the reference uses)")
     args = parser.parse_args(argv)
     if args.backend not in ("reference", "triton"):
         parser.error(f"--backend must be reference or triton, not {args.backend!r}")
@@ -280,7 +286,7 @@ def main(argv=None) -> int:
             print("no CUDA device: running the Triton kernel under TRITON_INTERPRET=1 (slow)", file=sys.stderr)
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     seed, results = run_probe(args.backend, args.sequences, args.seed, cases=args.case, paper_block_keys=tiles,
-                              progress=progress)
+                              progress=progress, autotune=not args.fixed_tiles)
     table = to_markdown(results, args.backend, args.sequences, seed, device)
     print(table)
     if args.out:

@@ -31,8 +31,10 @@ FIX_CODE = dict(zip(FIXES, range(5)))
 TIE_GAP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
-# Key tile of the kernel's forward under the interpreter and of the reference (block_n): the tile in which the safe
-# fix counts ties, and today the tile at which rounding=paper rounds its running O and l.
+# Key tile (block_n) of the reference and of the kernel's fixed configuration (interpreter, autotune=False); the
+# autotuner's key tiles are multiples of it. rounding=fa2 counts the fixes' ties per key tile (the safe fix also
+# against a maximum repeated in an earlier tile); rounding=paper rounds its running O and l, and counts ties, per
+# paper tile (PAPER_BLOCK_KEYS keys), whatever the key tile.
 KEY_TILE = 64
 
 

@@ -37,7 +37,6 @@ from kernels.modes import FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, PAPER_BLOCK_
 from kernels.rounding import LN2, LOG2E, delta_signs, round_lp, safe_shift, stochastic_bf16
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-POISON_OUTPUTS = False  # tests set this: gradient buffers filled tile by tile start NaN-filled
 
 
 def _tile_max(s: torch.Tensor, r_m: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor, nm: Numerics,
@@ -170,8 +169,11 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 @torch.no_grad()
 def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor, lse: torch.Tensor,
                   d_out: torch.Tensor, causal: bool, nm: Numerics, block_n: int, *, o32: torch.Tensor | None = None,
-                  noise_keys: torch.Tensor | None = None, head_offset: int = 0):
+                  noise_keys: torch.Tensor | None = None, head_offset: int = 0, out_fill: float | None = None):
     """Flash backward on LP tensors (k, v expanded to q's heads): returns FP32 dq, dk, dv.
+
+    dk and dv are written key tile by key tile into buffers that start uninitialised, or filled with ``out_fill``
+    (tests pass NaN, so that a tile the loop never writes shows up).
 
     P = exp(S - LSE) is recomputed per key tile (S = LP(LP(q.k) * scale) for rounding=paper, as in the forward; the
     paper tile size changes no bit of the backward);
@@ -186,8 +188,7 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     lse_s = (lse * LOG2E if not nm.paper else lse).unsqueeze(-1)
     rows = torch.arange(seq, device=q.device).view(1, 1, seq, 1)
     dq = torch.zeros_like(qf)
-    dk = torch.full_like(kf, float("nan")) if POISON_OUTPUTS else torch.empty_like(kf)
-    dv = torch.full_like(vf, float("nan")) if POISON_OUTPUTS else torch.empty_like(vf)
+    dk, dv = (torch.empty_like(t) if out_fill is None else torch.full_like(t, out_fill) for t in (kf, vf))
     for n0 in range(0, seq, block_n):
         n1 = min(n0 + block_n, seq)
         kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]
@@ -251,7 +252,7 @@ class _ReferenceAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads, paper_block_keys,
-                delta_gain, delta_sign, noise_keys):
+                delta_gain, delta_sign, noise_keys, out_fill):
         in_dtype = q.dtype
         heads = q.shape[1]
         ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
@@ -264,30 +265,31 @@ class _ReferenceAttention(torch.autograd.Function):
             ctx.save_for_backward(ql, kl, vl, o_mode, lse, o32, noise_keys)
         else:
             ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse, None, None)
-        ctx.args = (causal, nm, block_n, in_dtype, head_offset)
+        ctx.args = (causal, nm, block_n, in_dtype, head_offset, out_fill)
         return out.to(in_dtype)
 
     @staticmethod
     def backward(ctx, d_out):
         ql, kl, vl, o_saved, lse, o32, noise_keys = ctx.saved_tensors
-        causal, nm, block_n, in_dtype, head_offset = ctx.args
+        causal, nm, block_n, in_dtype, head_offset, out_fill = ctx.args
         heads, kv_heads = ql.shape[1], kl.shape[1]
         with _no_autocast(ql):
             dq, dk, dv = backward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), o_saved, lse,
                                        d_out.contiguous(), causal, nm, block_n, o32=o32, noise_keys=noise_keys,
-                                       head_offset=head_offset)
+                                       head_offset=head_offset, out_fill=out_fill)
         if kv_heads != heads:
             bsz, _, seq, dim = dk.shape
             dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
             dv = dv.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
-        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), *([None] * 12)
+        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), *([None] * 13)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                         rounding: str = "fa2", fix: str = "none", beta: float = 2.0, eps: float = 1e-3,
                         block_m: int = 64, block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS,
                         head_offset: int = 0, total_heads: int = 0, delta_gain: float = 1.0,
-                        delta_sign: str = "kept", noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+                        delta_sign: str = "kept", noise_keys: torch.Tensor | None = None,
+                        out_fill: float | None = None) -> torch.Tensor:
     """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable.
 
     q, k, v: (batch, heads, seq, head_dim) in bf16, fp16 or fp32; k/v may have fewer heads (grouped-query).
@@ -300,10 +302,12 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     for tensor parallelism; the safe fix hashes the global index, so a head slice matches the whole call bit for bit.
     ``delta_gain``, ``delta_sign``, ``noise_keys``: the delta-error stress and the noise keys of
     fix=stochastic_output and random signs (see ``kernels.flash_attention``).
+    ``out_fill``: what the backward's tile-filled gradient buffers start filled with (None: uninitialised; tests
+    pass NaN, see ``backward_core``).
     """
     _check_blocks(block_m, block_n)
     return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads,
-                                     paper_block_keys, delta_gain, delta_sign, noise_keys)
+                                     paper_block_keys, delta_gain, delta_sign, noise_keys, out_fill)
 
 
 def effective_output(out: torch.Tensor, o32: torch.Tensor | None, nm: Numerics,

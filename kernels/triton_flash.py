@@ -24,7 +24,6 @@ its group, so no atomics); dQ per query tile. Launches go through ``_Kernel``, w
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -36,13 +35,13 @@ from kernels.reference import effective_output
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
-POISON_OUTPUTS = False  # tests set this: output buffers start NaN-filled, so an unwritten element shows up
 
 
-def _new(shape, dtype, device) -> torch.Tensor:
-    if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+def _new(shape, dtype, device, fill: float | None = None) -> torch.Tensor:
+    """An output buffer: uninitialised, or filled with ``fill`` (``out_fill`` of the public functions)."""
+    if fill is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.full(shape, fill, dtype=dtype, device=device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -433,6 +432,15 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
 
 
 @triton.jit
+def _row_tile(X, b, h, stride_b, stride_h, stride_t, offs_m, offs_d, ok):
+    """Rows offs_m of x[b, h] as an FP32 (rows x head_dim) tile, zeros where ``ok`` (the rows < T) is false: the loads
+    of both delta launches. The caller computes ``ok`` once, as the kernels did before this helper, so their sm_90
+    PTX is unchanged instruction for instruction."""
+    return tl.load(X + b * stride_b + h * stride_h + offs_m[:, None] * stride_t + offs_d[None, :], mask=ok,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot, H, T,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta = rowsum(dO * O_saved) in FP32; O_saved is the LP O or the FP32 O (fix=fp32_output)."""
@@ -442,10 +450,8 @@ def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m[:, None] < T
-    o = tl.load(OS + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], mask=ok,
-                other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
-                 other=0.0).to(tl.float32)
+    o = _row_tile(OS, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d, ok)
+    do = _row_tile(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d, ok)
     tl.store(DELTA + bh * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
 
 
@@ -463,12 +469,9 @@ def _bwd_delta_gain_kernel(OS, O32, DO, KEYS, DELTA, stride_ob, stride_oh, strid
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m[:, None] < T
-    o = tl.load(OS + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], mask=ok,
-                other=0.0).to(tl.float32)
-    o32 = tl.load(O32 + b * stride_32b + h * stride_32h + offs_m[:, None] * stride_32t + offs_d[None, :], mask=ok,
-                  other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=ok,
-                 other=0.0).to(tl.float32)
+    o = _row_tile(OS, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d, ok)
+    o32 = _row_tile(O32, b, h, stride_32b, stride_32h, stride_32t, offs_m, offs_d, ok)  # FP32 already: .to is a no-op
+    do = _row_tile(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d, ok)
     d_mode = tl.sum(o * do, 1)
     d32 = tl.sum(o32 * do, 1)
     gs = tl.full([BLOCK_M], gain, tl.float32)
@@ -677,7 +680,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Launch configuration: autotuned on the GPU, fixed when interpreting (or with SLA_ATTN_AUTOTUNE=0)
+# Launch configuration: autotuned on the GPU, fixed when interpreting or when a call passes autotune=False
 # ----------------------------------------------------------------------------------------------------------------
 
 FIXED_FWD = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
@@ -692,10 +695,9 @@ _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
 # and in rounding=paper a BLOCK_N no larger than the paper tile (its blocks must not straddle two tiles).
 _ALL_D = (16, 32, 64, 128)
 _FWD_CONFIGS = [(128, 64, 4, 3, _ALL_D), (128, 128, 8, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D)]
-# Head dim 128 also tries shallower pipelines and 8 warps (the H200 run of 2026-11-30 picked the original three
-# configurations at head dim 64, where deeper pipelines and 8-warp 2-stage variants were tried and lost). The
-# 64 x 64 forward, the 2-stage 64 x 64 / 32 x 64 dK/dV and the 32-key dQ tiles were the fastest of a 114-configuration
-# sweep at (16, 12, 1024, 64) on the H200 (benchmarks.attention_tiles, 2026-12-01; docs/attention-kernel.md).
+# Head dim 128 also tries shallower pipelines and 8 warps, which won there and lost at head dim 64; the 64 x 64
+# forward, the 2-stage 64 x 64 / 32 x 64 dK/dV and the 32-key dQ tiles come from a sweep of benchmarks.attention_tiles
+# (the measurements and their commands: docs/attention-kernel.md, "Speed").
 _D128 = (128,)
 _DKDV_CONFIGS = [(32, 128, 4, 3, _ALL_D), (64, 128, 8, 3, _ALL_D), (64, 64, 4, 3, _ALL_D),
                  (64, 64, 4, 2, _ALL_D), (32, 64, 4, 2, _ALL_D),
@@ -726,15 +728,26 @@ def _prune_configs(configs, named_args, **kwargs):
 
 _PRUNE = {"early_config_prune": _prune_configs}
 
-# Launch without Triton's per-call binding (see _Kernel); SLA_ATTN_FAST_LAUNCH=0 (or setting this False) launches
-# every call through Triton's JIT entry point instead, e.g. to compare the two.
-FAST_LAUNCH = os.environ.get("SLA_ATTN_FAST_LAUNCH", "1") != "0"
+# Launch without Triton's per-call binding (see _Kernel); ``set_fast_launch(False)`` launches every call through
+# Triton's JIT entry point instead, e.g. to compare the two (benchmarks.host_overhead). Same bits either way.
+FAST_LAUNCH = True
+
+
+def set_fast_launch(enabled: bool) -> bool:
+    """Launch through the kernels' cached binaries (True, the default) or through Triton's JIT entry point on every
+    call (False); returns the previous setting. A host-side choice for this process: results are identical."""
+    global FAST_LAUNCH
+    previous, FAST_LAUNCH = FAST_LAUNCH, bool(enabled)
+    return previous
+
+
 _MAX_BINARIES = 4096  # launch-cache entries per kernel before the cache is emptied (distinct shapes x layouts)
 
 
 class _Kernel:
-    """One Triton kernel and how it is launched: a fixed configuration (interpreter, ``SLA_ATTN_AUTOTUNE=0``, or a
-    kernel without ``configs``) or the autotuner's choice per tuning key, remembered after the first call of the key.
+    """One Triton kernel and how it is launched: a fixed configuration (interpreter, a launch without a tuning key,
+    i.e. autotune=False, or a kernel without ``configs``) or the autotuner's choice per tuning key, remembered after
+    the first call of the key.
 
     Launching through ``JITFunction.__getitem__`` costs tens of microseconds of host time per call: Triton binds the
     arguments, works out their specialisation (16-byte alignment of pointers; integers equal to 1, divisible by 16 or
@@ -756,8 +769,8 @@ class _Kernel:
         self.binaries: dict = {}  # launch key -> (launcher, function handle, packed metadata, constexpr values)
 
     def __call__(self, grid, tensors: tuple, ints: tuple, floats: tuple, meta: dict, tune_key=None) -> dict:
-        """Launch on grid(cfg) and return the configuration cfg used."""
-        if self.tuner is None or not _autotune():
+        """Launch on grid(cfg) and return the configuration cfg used; ``tune_key`` None: the fixed configuration."""
+        if self.tuner is None or tune_key is None or INTERPRET:
             cfg = self.fixed
         else:
             cfg = self.chosen.get(tune_key)
@@ -801,16 +814,6 @@ DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64))
 DELTA_GAIN = _Kernel(_bwd_delta_gain_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _BWD_KEY)
 DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _BWD_KEY)
-_last_fwd_block_n = FIXED_FWD["BLOCK_N"]
-
-
-def _autotune() -> bool:
-    return not INTERPRET and os.environ.get("SLA_ATTN_AUTOTUNE", "1") != "0"
-
-
-def forward_block_n() -> int:
-    """Key-tile size of the most recent forward launch (the reference needs the same block_n to match bits)."""
-    return _last_fwd_block_n
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -837,15 +840,16 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _like(t: torch.Tensor, dtype=None) -> torch.Tensor:
-    """An output laid out like input t (empty_like keeps a dense tensor's stride order, else it is contiguous).
+def _like(t: torch.Tensor, dtype=None, fill: float | None = None) -> torch.Tensor:
+    """An output laid out like input t (empty_like keeps a dense tensor's stride order, else it is contiguous),
+    uninitialised or filled with ``fill``.
 
     A model's q, k, v are (B, T, H, D) projections seen as (B, H, T, D): O in that layout makes the model's
     transpose back to (B, T, H * D) a free view, and gradients in that layout need no copy before the projections'
     backward. The fake kernels allocate through here too, so the compiler sees the real strides."""
-    if POISON_OUTPUTS:
-        return torch.full_like(t, float("nan"), dtype=dtype)
-    return torch.empty_like(t, dtype=dtype)
+    if fill is None:
+        return torch.empty_like(t, dtype=dtype)
+    return torch.full_like(t, fill, dtype=dtype)
 
 
 def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0,
@@ -857,13 +861,13 @@ def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_hea
     return nm
 
 
-def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool):
+def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool, fill: float | None = None):
     """(O like q, LSE (B, H, T) FP32, FP32 O like q for fix=fp32_output else an empty tensor); q last-dim contiguous.
     O and the FP32 O have the same strides (the kernel addresses both with O's)."""
     bsz, heads, seq, _ = q.shape
-    out = _like(q)
-    lse = _new((bsz, heads, seq), torch.float32, q.device)
-    o32 = _like(q, torch.float32) if keeps_fp32_output else _new((0,), torch.float32, q.device)
+    out = _like(q, fill=fill)
+    lse = _new((bsz, heads, seq), torch.float32, q.device, fill)
+    o32 = _like(q, torch.float32, fill) if keeps_fp32_output else _new((0,), torch.float32, q.device)
     return out, lse, o32
 
 
@@ -894,12 +898,12 @@ def _keys_arg(nm: Numerics, noise_keys, bsz: int, device) -> torch.Tensor:
     return noise_keys.contiguous()
 
 
-
 def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0,
-                    noise_keys: torch.Tensor | None = None):
-    """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous."""
+                    noise_keys: torch.Tensor | None = None, *, autotune: bool = True, fill: float | None = None):
+    """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous. ``autotune`` False: the fixed tiles;
+    ``fill``: what the outputs start filled with (None: uninitialised)."""
     bsz, heads, seq, dim = q.shape
-    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output)
+    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, fill)
     keys = _keys_arg(nm, noise_keys, bsz, q.device)
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
     ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], heads,
@@ -908,35 +912,36 @@ def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, t
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix,
                 IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET, STORE_O32=nm.keeps_fp32_output)
     rows = bsz * heads
+    tune_key = ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output)
     launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse, keys), ints, floats,
-                     meta, ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output))
+                     meta, tune_key if autotune else None)
     return launch, out, lse, o32
 
 
 def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0,
-             noise_keys: torch.Tensor | None = None):
+             noise_keys: torch.Tensor | None = None, *, autotune: bool = True, fill: float | None = None):
     """Forward launch; q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]), checked by
     ``_numerics``."""
-    global _last_fwd_block_n
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    launch, out, lse, o32 = _forward_launch(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
-    _last_fwd_block_n = launch()["BLOCK_N"]
+    launch, out, lse, o32 = _forward_launch(q, k, v, causal, nm, head_offset, total_heads, noise_keys,
+                                            autotune=autotune, fill=fill)
+    launch()
     return out, lse, o32
 
 
-def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fill: float | None = None):
     """(dq, dk, dv), each laid out like its input; q, k, v last-dim contiguous."""
-    return _like(q), _like(k), _like(v)
+    return _like(q, fill=fill), _like(k, fill=fill), _like(v, fill=fill)
 
 
 def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-                       head_offset: int = 0):
+                       head_offset: int = 0, *, autotune: bool = True, fill: float | None = None):
     """((delta, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in q's
     dtype. The amplified path (``nm.amplified``) replaces the delta launch by the gain launch, which also reads the
-    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs)."""
+    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs). ``autotune`` and ``fill`` as in the forward."""
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
-    delta = _new((bsz, heads, seq), torch.float32, q.device)
+    delta = _new((bsz, heads, seq), torch.float32, q.device, fill)
     os_, ds = o_saved.stride(), d_out.stride()
     q_rows, kv_rows = bsz * heads, bsz * kv_heads
     if nm.amplified:
@@ -952,7 +957,7 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     else:
         delta_launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
                                (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
-    dq, dk, dv = _backward_outputs(q, k, v)
+    dq, dk, dv = _backward_outputs(q, k, v, fill)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     dqs, dks, dvs = dq.stride(), dk.stride(), dv.stride()
     inputs = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2])
@@ -962,19 +967,20 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     key = (seq, dim, causal, nm.paper, q.dtype)
     dkdv_launch = _Launch(DKDV, lambda c: (_cdiv(seq, c["BLOCK_N"]), kv_rows), (q, k, v, d_out, lse, delta, dk, dv),
                           inputs + (dks[0], dks[1], dks[2], dvs[0], dvs[1], dvs[2]) + tail, floats, meta,
-                          ("dkdv",) + key)
+                          (("dkdv",) + key) if autotune else None)
     dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k, v, d_out, lse, delta, dq),
-                        inputs + (dqs[0], dqs[1], dqs[2]) + tail, floats, meta, ("dq",) + key)
+                        inputs + (dqs[0], dqs[1], dqs[2]) + tail, floats, meta, (("dq",) + key) if autotune else None)
     return (delta_launch, dkdv_launch, dq_launch), (dq, dk, dv)
 
 
 def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-              head_offset: int = 0):
+              head_offset: int = 0, *, autotune: bool = True, fill: float | None = None):
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if d_out.dtype != q.dtype:
         d_out = d_out.to(q.dtype)
     d_out, o_saved = _last_dim_contiguous(d_out), _last_dim_contiguous(o_saved)
-    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset)
+    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset,
+                                         autotune=autotune, fill=fill)
     for launch in launches:
         launch()
     return grads
@@ -989,31 +995,42 @@ def _amplified(delta_gain: float, delta_sign: str) -> bool:
     return float(delta_gain) != 1.0 or delta_sign == "random"
 
 
+def _check_launch_options(autotune, out_fill) -> None:
+    """``autotune``: True or False; ``out_fill``: None or a number (the launch options, besides the numerics)."""
+    if not isinstance(autotune, bool):
+        raise TypeError(f"autotune={autotune!r} must be True (tuned tiles) or False (the fixed tiles)")
+    if out_fill is not None and (isinstance(out_fill, bool) or not isinstance(out_fill, (int, float))):
+        raise TypeError(f"out_fill={out_fill!r} must be None (uninitialised outputs) or a number such as nan")
+
+
 @torch.library.custom_op("sla_attention::flash_fwd", mutates_args=())
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
               eps: float, head_offset: int = 0, total_heads: int = 0, paper_block_keys: int = PAPER_BLOCK_KEYS,
               delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
+              autotune: bool = True, out_fill: Optional[float] = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output or the amplified delta path
     (delta_gain != 1 or random signs), else an empty tensor)."""
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
                    delta_sign, noise_keys)
-    return _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
+    _check_launch_options(autotune, out_fill)
+    return _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune, fill=out_fill)
 
 
 @flash_fwd.register_fake
 def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS,
-      delta_gain=1.0, delta_sign="kept", noise_keys=None):
+      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None):
     keeps = fix == "fp32_output" or _amplified(delta_gain, delta_sign)
-    return _forward_outputs(_last_dim_contiguous(q), keeps)  # the real op's allocation
+    return _forward_outputs(_last_dim_contiguous(q), keeps, out_fill)  # the real op's allocation
 
 
 @torch.library.custom_op("sla_attention::flash_bwd", mutates_args=())
 def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor,
               lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float, eps: float,
               head_offset: int = 0, total_heads: int = 0, o32: Optional[torch.Tensor] = None,
-              delta_gain: float = 1.0, delta_sign: str = "kept",
-              noise_keys: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
+              autotune: bool = True, out_fill: Optional[float] = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses (the mode's O), ``o32``
     the forward's FP32 O (the amplified delta path only).
 
@@ -1022,18 +1039,20 @@ def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     nor does it depend on the paper tile size, so it takes none)."""
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, delta_gain=delta_gain,
                    delta_sign=delta_sign, noise_keys=noise_keys)
-    return _backward(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset)
+    _check_launch_options(autotune, out_fill)
+    return _backward(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset, autotune=autotune,
+                     fill=out_fill)
 
 
 @flash_bwd.register_fake
 def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, o32=None,
-      delta_gain=1.0, delta_sign="kept", noise_keys=None):
-    return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v))
+      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None):
+    return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), out_fill)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, _paper_block_keys, delta_gain, delta_sign,
-     noise_keys) = inputs
+     noise_keys, autotune, out_fill) = inputs
     out, lse, o32 = output
     o_mode = o32 if fix == "fp32_output" else out
     if _amplified(delta_gain, delta_sign):
@@ -1042,12 +1061,13 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(q, k, v, o_mode, lse, None, None)
     ctx.args = (causal, rounding, fix, beta, eps, head_offset, total_heads)
     ctx.delta_args = (delta_gain, delta_sign)
+    ctx.options = (autotune, out_fill)
 
 
 def _backward_rule(ctx, d_out, _d_lse, _d_o32):
     q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
-    dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args, o32, *ctx.delta_args, noise_keys)
-    return dq, dk, dv, *([None] * 11)
+    dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args, o32, *ctx.delta_args, noise_keys, *ctx.options)
+    return dq, dk, dv, *([None] * 13)
 
 
 flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -1057,8 +1077,10 @@ class _FlashAttention(torch.autograd.Function):
     """Eager-mode autograd of the kernel: the same launches as the custom ops, without their dispatch overhead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int, noise_keys):
-        out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
+    def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int, noise_keys,
+                autotune: bool, out_fill):
+        out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune,
+                                 fill=out_fill)
         o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
         if nm.amplified:
             ctx.save_for_backward(q, k, v, o_mode, lse, o32, noise_keys)
@@ -1067,42 +1089,49 @@ class _FlashAttention(torch.autograd.Function):
         ctx.causal = causal
         ctx.nm = nm
         ctx.head_offset = head_offset
+        ctx.options = dict(autotune=autotune, fill=out_fill)
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
-        dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm, o32, noise_keys, ctx.head_offset)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm, o32, noise_keys, ctx.head_offset,
+                               **ctx.options)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
                     fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
                     paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
                     total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
-                    noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+                    noise_keys: torch.Tensor | None = None, autotune: bool = True,
+                    out_fill: float | None = None) -> torch.Tensor:
     """Triton flash attention; see ``kernels.flash_attention``.
 
     Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under
     ``torch.compile`` the call is the custom op ``sla_attention::flash_fwd`` (opaque to the compiler). Both run the
     same launches, so their results are identical.
     """
+    _check_launch_options(autotune, out_fill)
     if torch.compiler.is_compiling():
         return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
-                         float(delta_gain), delta_sign, noise_keys)[0]
+                         float(delta_gain), delta_sign, noise_keys, autotune,
+                         None if out_fill is None else float(out_fill))[0]
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
                    delta_sign, noise_keys)
-    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads, noise_keys)
+    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads, noise_keys, autotune, out_fill)
 
 
 def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *,
                  paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0,
-                 delta_gain: float = 1.0, delta_sign: str = "kept",
-                 noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+                 delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: torch.Tensor | None = None,
+                 autotune: bool = True, out_fill: float | None = None) -> torch.Tensor:
     """The O whose rowsum(dO * O) is this kernel's delta (forward only, no autograd graph); see
     ``kernels.saved_output``."""
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
                    delta_sign, noise_keys)
+    _check_launch_options(autotune, out_fill)
     with torch.no_grad():
-        out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys)
+        out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune,
+                               fill=out_fill)
         return effective_output(out, o32 if nm.keeps_fp32_output else None, nm, noise_keys, head_offset)

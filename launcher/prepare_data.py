@@ -1,7 +1,8 @@
 """Turn text into token memmaps: ``python -m launcher.prepare_data [--source SRC] [--out DIR]``.
 
 Sources (all offline):
-  kjv (default)        the embedded corpus: the King James Bible (public domain), shipped as data/kjv.txt.xz
+  kjv (default)        the embedded corpus: the King James Bible (public domain), shipped as data/kjv.txt.xz and
+                       read directly (no HF ``datasets`` needed)
   path(s)              local .txt / .json / .jsonl / .parquet files or folders of them, read with HF ``datasets``
   a dataset name       a Hugging Face dataset already in the local cache (HF_DATASETS_OFFLINE=1 is enforced)
 
@@ -20,6 +21,7 @@ import codecs
 import hashlib
 import json
 import lzma
+import math
 import os
 import re
 import sys
@@ -96,39 +98,53 @@ def check_out_dir(out_dir: Path, source: list[str], force: bool) -> None:
         raise PrepareError(f"--out {out_dir}: {existing} is not writable")
 
 
-def kjv_documents_file(work_dir: Path) -> Path:
-    """Write the embedded corpus as one paragraph per chapter (verse numbers removed) and return the file."""
-    out = work_dir / "kjv_chapters.txt"
-    if out.is_file():
-        return out
+def kjv_chapters() -> list[str]:
+    """The embedded corpus, one string per chapter (its verses joined by spaces, verse numbers removed)."""
     verse = re.compile(r"^([1-3]?[A-Za-z]+)(\d+):(\d+) (.*)$")
     chapters: list[list[str]] = []
     current = None
-    for line in lzma.open(EMBEDDED_CORPUS, "rt", encoding="utf-8"):
-        match = verse.match(line.rstrip("\n"))
-        if not match:
-            continue
-        key = (match.group(1), match.group(2))
-        if key != current:
-            chapters.append([])
-            current = key
-        chapters[-1].append(match.group(4).strip())
-    work_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("\n\n".join(" ".join(ch) for ch in chapters) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    return out
+    with lzma.open(EMBEDDED_CORPUS, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            match = verse.match(line.rstrip("\n"))
+            if not match:
+                continue
+            key = (match.group(1), match.group(2))
+            if key != current:
+                chapters.append([])
+                current = key
+            chapters[-1].append(match.group(4).strip())
+    return [" ".join(ch) for ch in chapters]
 
 
-def load_source(source: list[str], text_field: str, work_dir: Path):
-    """A ``datasets.Dataset`` with one document per row in column 'text'."""
+def embedded_documents() -> list[str]:
+    """The embedded corpus's non-empty documents, one per chapter, read without HF ``datasets``: the file is our own,
+    so it needs no general reader, and the GPU machine has no ``datasets``.
+
+    They are exactly the documents that ``datasets``' paragraph reader made of the chapters written as one file (a
+    blank line between chapters, a newline at the end), the way this corpus was prepared before: so a folder
+    prepared now is byte-identical to one prepared then."""
+    docs = kjv_chapters()
+    docs[-1] += "\n"  # the file's final newline, which that reader left on the last document
+    return [d for d in docs if d.strip()]
+
+
+def split_documents(docs: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(train, val) as ``datasets.Dataset.train_test_split(test_size=val_fraction, seed=seed)`` splits them: the
+    first ceil(val_fraction * n) of numpy's ``default_rng(seed).permutation(n)`` are validation, the rest train."""
+    n_val = math.ceil(val_fraction * len(docs))
+    if n_val >= len(docs):
+        raise PrepareError(f"--val-fraction={val_fraction} leaves no training document of {len(docs)}")
+    order = np.random.default_rng(seed).permutation(len(docs))
+    return [docs[i] for i in order[n_val:]], [docs[i] for i in order[:n_val]]
+
+
+def load_source(source: list[str], text_field: str):
+    """A ``datasets.Dataset`` with one document per row in column 'text', from the user's files or a cached dataset
+    (the embedded corpus does not come through here: ``embedded_documents``)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never reach the hub, even for a dataset name
     import datasets
 
     datasets.disable_caching()
-    if source == ["kjv"]:
-        path = kjv_documents_file(work_dir)
-        return datasets.load_dataset("text", data_files=str(path), sample_by="paragraph", split="train")
     paths = [Path(s) for s in source]
     if all(p.exists() for p in paths):
         files: list[str] = []
@@ -199,7 +215,7 @@ class TrainedBpeTokenizer:
         self.vocab_size = tokenizer.get_vocab_size()
 
     @classmethod
-    def train(cls, ds, vocab_size: int, out_dir: Path) -> "TrainedBpeTokenizer":
+    def train(cls, docs, vocab_size: int, out_dir: Path) -> "TrainedBpeTokenizer":
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         tok = Tokenizer(models.BPE())
@@ -207,7 +223,7 @@ class TrainedBpeTokenizer:
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator((row["text"] for row in ds), trainer=trainer, length=len(ds))
+        tok.train_from_iterator(texts(docs), trainer=trainer, length=len(docs))
         tok.save(str(out_dir / "tokenizer.json"))
         return cls(tok)
 
@@ -215,38 +231,55 @@ class TrainedBpeTokenizer:
         return [e.ids for e in self.tok.encode_batch(texts)]
 
 
-def choose_tokenizer(kind: str, ds, vocab_size: int, out_dir: Path):
+def choose_tokenizer(kind: str, docs, vocab_size: int, out_dir: Path):
     if kind == "gpt2" or (kind == "auto" and gpt2_cached()):
         if not gpt2_cached():
             raise PrepareError("--tokenizer gpt2 needs tiktoken's GPT-2 files in its local cache (TIKTOKEN_CACHE_DIR); "
                                "they are not there and nothing is downloaded. Use --tokenizer bpe (or auto).")
         return Gpt2Tokenizer()
-    return TrainedBpeTokenizer.train(ds, vocab_size, out_dir)
+    return TrainedBpeTokenizer.train(docs, vocab_size, out_dir)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Writing
 
 
-def write_split(ds, tokenizer, path: Path, num_proc: int) -> int:
-    """Tokenize ``ds`` (progress bar from datasets) and write its ids, each document followed by EOT, to ``path``."""
+def texts(docs):
+    """The documents' texts in order: ``docs`` is a list of strings (the embedded corpus) or a ``datasets.Dataset``
+    with column 'text' (the user's data)."""
+    return docs if isinstance(docs, list) else (row["text"] for row in docs)
+
+
+def write_split(docs, tokenizer, path: Path, num_proc: int) -> int:
+    """Tokenize ``docs`` (see ``texts``) and write their ids, each document followed by EOT, to ``path``; returns
+    the number of tokens. A Dataset is tokenized by its ``map`` (``num_proc`` processes, progress bar)."""
     eot = tokenizer.eot_id
+    if isinstance(docs, list):  # the embedded corpus, a few MB: one batch in this process
+        ids = [x + [eot] for x in tokenizer.encode_batch(docs)]
+        return _write_ids([ids], sum(len(x) for x in ids), tokenizer.vocab_size, path)
 
     def encode(batch):
         ids = tokenizer.encode_batch(batch["text"])
         return {"ids": [x + [eot] for x in ids], "n": [len(x) + 1 for x in ids]}
 
-    tokenized = ds.map(encode, batched=True, batch_size=256, remove_columns=["text"], num_proc=num_proc,
-                       desc=f"tokenizing {path.stem}")
+    tokenized = docs.map(encode, batched=True, batch_size=256, remove_columns=["text"], num_proc=num_proc,
+                         desc=f"tokenizing {path.stem}")
     total = int(np.sum(tokenized["n"], dtype=np.int64))
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    from tqdm import tqdm
+
+    batches = tqdm((row["ids"] for row in tokenized.iter(batch_size=1024)), total=(len(tokenized) + 1023) // 1024,
+                   desc=f"writing {path.name}")
+    return _write_ids(batches, total, tokenizer.vocab_size, path)
+
+
+def _write_ids(batches, total: int, vocab_size: int, path: Path) -> int:
+    """Write ``total`` token ids, given as batches of per-document id lists, to ``path`` (via a .tmp file)."""
+    dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
     tmp = path.with_suffix(".tmp")
     out = np.memmap(tmp, dtype=dtype, mode="w+", shape=(max(total, 1),))
     pos = 0
-    from tqdm import tqdm
-
-    for row in tqdm(tokenized.iter(batch_size=1024), total=(len(tokenized) + 1023) // 1024, desc=f"writing {path.name}"):
-        flat = np.fromiter((t for ids in row["ids"] for t in ids), dtype=dtype)
+    for batch in batches:
+        flat = np.fromiter((t for ids in batch for t in ids), dtype=dtype)
         out[pos:pos + len(flat)] = flat
         pos += len(flat)
     out.flush()
@@ -267,12 +300,18 @@ def prepare(source: list[str], out_dir: Path, tokenizer: str = "auto", vocab_siz
         raise PrepareError(f"--vocab-size={vocab_size} is too small for a byte-level BPE; use at least 512")
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    ds = load_source(source, text_field, out_dir / "raw")
-    ds = ds.filter(lambda row: bool(row["text"].strip()), desc="dropping empty documents")
-    if len(ds) < 2:
-        raise PrepareError(f"the source holds {len(ds)} non-empty documents; need at least 2 (one for validation)")
-    print(f"[prepare] {len(ds)} documents from {' '.join(source)}", flush=True)
-    split = ds.train_test_split(test_size=val_fraction, seed=seed)
+    if source == ["kjv"]:
+        docs = embedded_documents()
+    else:
+        docs = load_source(source, text_field)
+        docs = docs.filter(lambda row: bool(row["text"].strip()), desc="dropping empty documents")
+    if len(docs) < 2:
+        raise PrepareError(f"the source holds {len(docs)} non-empty documents; need at least 2 (one for validation)")
+    print(f"[prepare] {len(docs)} documents from {' '.join(source)}", flush=True)
+    if isinstance(docs, list):
+        split = dict(zip(("train", "test"), split_documents(docs, val_fraction, seed)))
+    else:
+        split = docs.train_test_split(test_size=val_fraction, seed=seed)
     tok = choose_tokenizer(tokenizer, split["train"], vocab_size, out_dir)
     print(f"[prepare] tokenizer: {tok.name}, vocabulary {tok.vocab_size}", flush=True)
     counts = {name: write_split(split[key], tok, out_dir / f"{name}.bin", num_proc)

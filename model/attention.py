@@ -58,6 +58,11 @@ class AttentionConfig:
     """s in delta_gain's formula: kept (+1, the error keeps its sign) or random (+-1 per row, head and query
     position, hashed from run seed, step, layer and global batch row: the same error size without a persistent
     sign, the control of the bias). Not with backend=sdpa."""
+    autotune: bool = True
+    """Triton backend only (ignored by the others): true times the kernel's tile configurations on the first call of
+    each shape and keeps the fastest; false runs the fixed 64 x 64 tiles. The key tile sets the order of the FP32
+    sums, so with autotuning the last bits of O and the gradients can depend on which configuration won the timing
+    (another GPU, process or data-parallel rank); false makes them fixed, at some cost in speed."""
 
     @property
     def numerics(self) -> str:
@@ -130,7 +135,7 @@ def build_attention(config: AttentionConfig, device: torch.device, head_offset: 
     backend has no head-dependent numerics and ignores them.
 
     ``delta_gain`` / ``delta_sign`` reach the kernel only when they differ from (1.0, kept), so that the default
-    makes exactly the calls it made before they existed.
+    makes exactly the calls it made before they existed; ``autotune`` reaches the Triton kernel only.
     """
     backend = resolve_backend(config, device)
     if backend == "sdpa":
@@ -142,4 +147,6 @@ def build_attention(config: AttentionConfig, device: torch.device, head_offset: 
                     paper_block_keys=config.paper_block_keys, head_offset=head_offset, total_heads=total_heads)
     if config.stresses_delta:
         keywords.update(delta_gain=config.delta_gain, delta_sign=config.delta_sign)
+    if backend == "triton":
+        keywords["autotune"] = config.autotune
     return KernelAttention(fn, keywords, keyed=config.needs_noise_keys)

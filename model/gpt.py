@@ -5,7 +5,7 @@ tied input/output embeddings, a GELU MLP, optional biases and GPT-2 initialisati
 projections. Nothing here knows about process groups, FP8 or the training loop: tensor/pipeline parallelism and
 FP8 are applied from outside (launcher/), by swapping or wrapping the named submodules below.
 
-Module names are part of the contract with the monitors and with later sharding code:
+Module names are part of the contract with the monitors and with the tensor-parallel plan (launcher/parallel/):
 ``blocks.{i}.attn.{q_proj,k_proj,v_proj,out_proj}`` and ``blocks.{i}.mlp.{fc_in,fc_out}``.
 """
 
@@ -59,11 +59,11 @@ class CausalSelfAttention(nn.Module):
 
     Separate projections (instead of one fused QKV matrix) keep W_Q addressable on its own: the paper's failure
     shows up first in W_Q's spectral norm, and per-head blocks of W_Q are rows [h*hd, (h+1)*hd) of q_proj.weight.
-    The forward concatenates the three weights and multiplies once: a GPT-2 small training step on an H200 spent
-    363 ms in matmuls with three products and 350 ms with one (benchmarks.train_speed --profile, 2026-12-01). The
-    projections only need ``weight``, ``bias`` and ``out_features``, so tensor parallelism's column-parallel shards
-    fuse the same way (each rank: its own heads of q, k and v). ``fused_qkv = False`` calls the three projection
-    modules instead (DeepSpeed ZeRO-3 gathers a module's parameters only when that module runs).
+    The forward concatenates the three weights and multiplies once, which is cheaper than three products (measured:
+    docs/results.md, "Training speed"). The projections only need ``weight``, ``bias`` and ``out_features``, so
+    tensor parallelism's column-parallel shards fuse the same way (each rank: its own heads of q, k and v).
+    ``fused_qkv = False`` calls the three projection modules instead (DeepSpeed ZeRO-3 gathers a module's parameters
+    only when that module runs).
     """
 
     def __init__(self, config: GPTConfig, layer_idx: int, attention_fn: AttentionFn):
@@ -207,6 +207,6 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         # With a loss the logits come back detached: training differentiates the loss only, and a differentiable
-        # logits output would make a compiled backward zero-fill a logits-sized gradient every micro-batch (0.5 ms
-        # per micro-batch at GPT-2 small on an H200; benchmarks.train_speed --profile).
+        # logits output would make a compiled backward zero-fill a logits-sized gradient every micro-batch (its cost:
+        # docs/results.md, "Training speed").
         return logits.detach(), self.loss_fn(logits, targets)

@@ -1,11 +1,21 @@
 """Helpers shared by the attention tests (reference, interpreter and GPU tiers)."""
 
+import functools
+
 import torch
 
 import kernels
 from kernels.reference import exact_attention
 
 MODES = [(r, f) for r in kernels.ROUNDINGS for f in kernels.FIXES]
+NAN = float("nan")
+
+
+def nan_filled(fn, **keywords):
+    """``fn`` (flash_attention, reference_attention, saved_output) with ``out_fill=NaN``: its output and gradient
+    buffers start NaN-filled, so an element that no launch (or reference tile) writes shows up in the tests'
+    finiteness and equality checks. ``keywords``: more arguments bound the same way (e.g. autotune=False)."""
+    return functools.partial(fn, out_fill=NAN, **keywords)
 
 
 def rel_err(a, b):

@@ -118,3 +118,42 @@ def test_launch_hooks_and_the_switch_use_tritons_path(tf, monkeypatch):
         launch(tf, kernel, x, y)
     assert [e[0] for e in fn.log] == ["triton"] * 3
     assert not kernel.binaries
+
+
+def test_set_fast_launch_returns_the_previous_setting(tf):
+    assert tf.set_fast_launch(False) is True
+    assert tf.FAST_LAUNCH is False
+    assert tf.set_fast_launch(True) is False
+    assert tf.FAST_LAUNCH is True
+
+
+class FakeTuner:
+    """Stands in for triton.autotune's wrapper: records its launches and 'picks' one configuration."""
+
+    def __init__(self):
+        self.calls = 0
+        self.best_config = self
+
+    def all_kwargs(self):
+        return dict(BLOCK=64, num_warps=8)
+
+    def __getitem__(self, grid):
+        def call(*args, **kwargs):
+            self.calls += 1
+        return call
+
+
+def test_autotune_off_launches_the_fixed_configuration(tf):
+    """A launch without a tuning key (autotune=False) never reaches the autotuner and uses the fixed tiles; with a
+    key the autotuner runs once and its choice is kept."""
+    fn = FakeJit()
+    kernel = tf._Kernel(fn, dict(BLOCK=32, num_warps=4))
+    kernel.tuner = FakeTuner()
+    x, y = torch.zeros(64), torch.zeros(64)
+    grid = lambda c: (128 // c["BLOCK"], 3)  # noqa: E731
+    assert kernel(grid, (x, y), (128,), (0.5,), {"A": 7}, None) == dict(BLOCK=32, num_warps=4)
+    assert kernel.tuner.calls == 0
+    assert kernel(grid, (x, y), (128,), (0.5,), {"A": 7}, ("key",)) == dict(BLOCK=64, num_warps=8)
+    assert kernel(grid, (x, y), (128,), (0.5,), {"A": 7}, ("key",)) == dict(BLOCK=64, num_warps=8)
+    assert kernel.tuner.calls == 1
+    assert kernel(grid, (x, y), (128,), (0.5,), {"A": 7}, None) == dict(BLOCK=32, num_warps=4)

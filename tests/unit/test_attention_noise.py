@@ -17,19 +17,19 @@ from kernels.modes import check_args
 from kernels.reference import _expand_kv, delta_of, forward_core
 from kernels.rounding import (_mix32_int, delta_signs, layer_keys, mix32, noise_row_hash, row_keys, sr_bf16, sr_bits,
                               stochastic_bf16)
-from tests.attention_common import MODES, assert_head_slices_match_whole, same_bits, tied_maxima_inputs
+from tests.attention_common import (NAN, MODES, assert_head_slices_match_whole, nan_filled, same_bits,
+                                    tied_maxima_inputs)
 
 BF16 = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
+# Every call here starts the backward's tile-filled gradient buffers NaN-filled, so a tile it misses shows up.
+reference_attention = nan_filled(kernels.reference_attention)
 
 
 def out_and_grads(q, k, v, d_out, *args, **kwargs):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = kernels.reference_attention(*leaves, *args, **kwargs)
+    out = reference_attention(*leaves, *args, **kwargs)
     out.backward(d_out)
     return out.detach(), [t.grad for t in leaves]
 
@@ -171,18 +171,18 @@ def test_stochastic_output_is_sr_of_the_fp32_output(rounding, seed):
     keys, other bits; the backward's delta uses the SR'd O (saved_output)."""
     q, k, v, d_out = inputs()
     keys = keys_for(2, seed)
-    out = kernels.reference_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys)
+    out = reference_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys)
     o32 = kernels.saved_output(q, k, v, rounding=rounding, fix="fp32_output")
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert same_bits(out.float(), stochastic_bf16(o32, keys))
-    assert same_bits(out, kernels.reference_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys))
-    other = kernels.reference_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys + 1)
+    assert same_bits(out, reference_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys))
+    other = reference_attention(q, k, v, True, rounding, "stochastic_output", noise_keys=keys + 1)
     assert 0.1 < (other != out).float().mean() < 0.9
     assert same_bits(kernels.saved_output(q, k, v, rounding=rounding, fix="stochastic_output", noise_keys=keys), out)
     down, up = bf16_neighbours(o32)
     assert ((out.float() == down) | (out.float() == up)).all()
-    none = kernels.reference_attention(q, k, v, True, rounding, "stochastic_output")
-    assert same_bits(none, kernels.reference_attention(q, k, v, True, rounding, "stochastic_output",
+    none = reference_attention(q, k, v, True, rounding, "stochastic_output")
+    assert same_bits(none, reference_attention(q, k, v, True, rounding, "stochastic_output",
                                                        noise_keys=torch.zeros(2, dtype=torch.int64)))
 
 
@@ -197,7 +197,7 @@ def test_stochastic_output_gradients_are_the_flash_backward_of_its_o(seed):
     out, lse, _ = forward_core(q, kk, vv, True, nm, 64, noise_keys=keys)
     _, lse_none, _ = forward_core(q, kk, vv, True, nm_none, 64)
     assert same_bits(lse, lse_none)
-    dq, dk, dv = reference.backward_core(q, kk, vv, out, lse, d_out, True, nm, 64)
+    dq, dk, dv = reference.backward_core(q, kk, vv, out, lse, d_out, True, nm, 64, out_fill=NAN)
     ref_out, ref_grads = out_and_grads(q, k, v, d_out, True, "fa2", "stochastic_output", noise_keys=keys)
     assert same_bits(ref_out, out)
     assert same_bits(ref_grads[0], dq.bfloat16())
@@ -206,18 +206,18 @@ def test_stochastic_output_gradients_are_the_flash_backward_of_its_o(seed):
 def test_stochastic_output_refuses_fp16_and_bad_keys():
     q = torch.randn(2, 2, 16, 32)
     with pytest.raises(ValueError, match="use bf16"):
-        kernels.reference_attention(q.half(), q.half(), q.half(), fix="stochastic_output")
+        reference_attention(q.half(), q.half(), q.half(), fix="stochastic_output")
     qb = q.bfloat16()
     with pytest.raises(ValueError, match=r"int64 of shape \(2,\)"):
-        kernels.reference_attention(qb, qb, qb, fix="stochastic_output", noise_keys=torch.zeros(2, dtype=torch.int32))
+        reference_attention(qb, qb, qb, fix="stochastic_output", noise_keys=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"int64 of shape \(2,\)"):
-        kernels.reference_attention(qb, qb, qb, fix="stochastic_output", noise_keys=torch.zeros(3, dtype=torch.int64))
+        reference_attention(qb, qb, qb, fix="stochastic_output", noise_keys=torch.zeros(3, dtype=torch.int64))
     with pytest.raises(TypeError, match="noise_keys"):
-        kernels.reference_attention(qb, qb, qb, fix="stochastic_output", noise_keys=[0, 1])
+        reference_attention(qb, qb, qb, fix="stochastic_output", noise_keys=[0, 1])
     with pytest.raises(ValueError, match="delta_sign"):
-        kernels.reference_attention(qb, qb, qb, delta_sign="flip")
+        reference_attention(qb, qb, qb, delta_sign="flip")
     with pytest.raises(ValueError, match="delta_gain"):
-        kernels.reference_attention(qb, qb, qb, delta_gain=float("nan"))
+        reference_attention(qb, qb, qb, delta_gain=float("nan"))
     with pytest.raises(ValueError, match="delta_gain"):
         kernels.saved_output(qb, qb, qb, delta_gain="2")
 
@@ -319,7 +319,7 @@ def test_noise_follows_the_global_head_and_batch_row_not_the_layout(seed):
     keys = keys_for(2, seed)
     kw = dict(causal=True, rounding="paper", fix="stochastic_output", delta_gain=8.0, delta_sign="random",
               noise_keys=keys)
-    assert_head_slices_match_whole(kernels.reference_attention, q, k, v, d_out, parts=2, msg=f"seed={seed}", **kw)
+    assert_head_slices_match_whole(reference_attention, q, k, v, d_out, parts=2, msg=f"seed={seed}", **kw)
     whole = out_and_grads(q, k, v, d_out, **kw)
     for b in range(2):
         part = out_and_grads(q[b:b + 1], k[b:b + 1], v[b:b + 1], d_out[b:b + 1],

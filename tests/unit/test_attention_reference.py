@@ -14,14 +14,11 @@ from kernels import reference
 from kernels.bias_probe import CASES, EXACT, Mode, build_inputs, run_probe
 from kernels.modes import check_args, mode_kwargs
 from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
-from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads, rel_err,
-                                    tied_maxima_inputs)
+from tests.attention_common import (MODES, NAN, assert_head_slices_match_whole, fp64_out_and_grads, nan_filled,
+                                    rel_err, tied_maxima_inputs)
 
-
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
+# Every call here starts the backward's tile-filled gradient buffers NaN-filled, so a tile it misses shows up.
+reference_attention = nan_filled(kernels.reference_attention)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -79,7 +76,7 @@ def test_reference_matches_fp64(rounding, fix, causal, dtype, seed):
     seq = int(torch.randint(65, 200, (1,)))  # ragged: never a multiple of the 64-key tile
     q, k, v = (torch.randn(2, 4, seq, 64).to(dtype).requires_grad_() for _ in range(3))
     d_out = torch.randn(2, 4, seq, 64).to(dtype)
-    out = kernels.reference_attention(q, k, v, causal, rounding, fix)
+    out = reference_attention(q, k, v, causal, rounding, fix)
     out.backward(d_out)
     ref_out, ref_grads = fp64_out_and_grads(q, k, v, d_out, causal)
     tol = TOL[dtype][rounding]
@@ -99,7 +96,7 @@ def test_reference_head_dims_and_gqa(head_dim, seed):
     for rounding, fix in (("fa2", "none"), ("paper", "dynamic_max")):
         for t in (q, k, v):
             t.grad = None
-        out = kernels.reference_attention(q, k, v, True, rounding, fix)
+        out = reference_attention(q, k, v, True, rounding, fix)
         out.backward(d_out)
         ref_out, ref_grads = fp64_out_and_grads(q, k, v, d_out, True)
         assert k.grad.shape == k.shape
@@ -110,10 +107,10 @@ def test_reference_head_dims_and_gqa(head_dim, seed):
 
 def test_fp32_inputs_emulate_bf16_autocast(seed):
     q, k, v = (torch.randn(2, 2, 70, 64, requires_grad=True) for _ in range(3))
-    out = kernels.reference_attention(q, k, v, True, "paper", "dynamic_max")
+    out = reference_attention(q, k, v, True, "paper", "dynamic_max")
     assert out.dtype == torch.float32
     assert torch.equal(out, out.bfloat16().float()), "O must be bf16-representable"
-    as_bf16 = kernels.reference_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), True, "paper", "dynamic_max")
+    as_bf16 = reference_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), True, "paper", "dynamic_max")
     assert torch.equal(out, as_bf16.float())
     out.sum().backward()
     assert q.grad.dtype == torch.float32 and torch.isfinite(q.grad).all()
@@ -121,15 +118,28 @@ def test_fp32_inputs_emulate_bf16_autocast(seed):
 
 def test_block_m_changes_no_bit(seed):
     q, k, v = (torch.randn(1, 2, 150, 64).bfloat16() for _ in range(3))
-    a = kernels.reference_attention(q, k, v, True, "paper", "dynamic_max", block_m=64)
-    b = kernels.reference_attention(q, k, v, True, "paper", "dynamic_max", block_m=128)
+    a = reference_attention(q, k, v, True, "paper", "dynamic_max", block_m=64)
+    b = reference_attention(q, k, v, True, "paper", "dynamic_max", block_m=128)
     assert torch.equal(a, b)
+
+
+def test_out_fill_changes_no_bit(seed):
+    """The NaN fill these tests run with reaches the tile-filled dk, dv and changes nothing where every tile is
+    written (GQA: the expanded heads are summed after the fill)."""
+    q, d_out = torch.randn(1, 4, 150, 64).bfloat16(), torch.randn(1, 4, 150, 64).bfloat16()
+    k, v = (torch.randn(1, 2, 150, 64).bfloat16() for _ in range(2))
+    results = []
+    for fill in (None, NAN):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        kernels.reference_attention(*leaves, True, "fa2", "dynamic_max", out_fill=fill).backward(d_out)
+        results.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*results)), f"seed={seed}"
 
 
 @pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
 def test_saved_output_is_what_delta_uses(rounding, seed):
     q, k, v = (torch.randn(1, 2, 90, 64).bfloat16() for _ in range(3))
-    out = kernels.reference_attention(q, k, v, True, rounding, "none")
+    out = reference_attention(q, k, v, True, rounding, "none")
     assert torch.equal(kernels.saved_output(q, k, v, rounding=rounding), out)
     o32 = kernels.saved_output(q, k, v, rounding=rounding, fix="fp32_output")
     assert o32.dtype == torch.float32
@@ -142,17 +152,17 @@ def test_saved_output_is_what_delta_uses(rounding, seed):
 def test_bad_arguments_give_clear_errors():
     q = torch.randn(1, 2, 8, 64).bfloat16()
     with pytest.raises(ValueError, match="rounding"):
-        kernels.reference_attention(q, q, q, rounding="bf16")
+        reference_attention(q, q, q, rounding="bf16")
     with pytest.raises(ValueError, match="fix"):
-        kernels.reference_attention(q, q, q, fix="stable")
+        reference_attention(q, q, q, fix="stable")
     with pytest.raises(ValueError, match="head_dim"):
-        kernels.reference_attention(*(torch.randn(1, 2, 8, 48).bfloat16(),) * 3)
+        reference_attention(*(torch.randn(1, 2, 8, 48).bfloat16(),) * 3)
     with pytest.raises(ValueError, match="divisible"):
-        kernels.reference_attention(torch.randn(1, 3, 8, 64).bfloat16(), q, q)
+        reference_attention(torch.randn(1, 3, 8, 64).bfloat16(), q, q)
     with pytest.raises(ValueError, match="block_n"):
-        kernels.reference_attention(q, q, q, block_n=48)
+        reference_attention(q, q, q, block_n=48)
     with pytest.raises(TypeError, match="dtype"):
-        kernels.reference_attention(q.double(), q.double(), q.double())
+        reference_attention(q.double(), q.double(), q.double())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -168,7 +178,7 @@ def test_head_slices_with_global_index_match_the_whole_call(rounding, causal, se
     k/v head, so each slice keeps whole groups); without the offset the last slice differs."""
     seq = int(torch.randint(65, 200, (1,)))
     q, k, v, d_out = tied_maxima_inputs(2, 4, 2, seq)
-    assert_head_slices_match_whole(kernels.reference_attention, q, k, v, d_out, msg=f"seed={seed} seq={seq}",
+    assert_head_slices_match_whole(reference_attention, q, k, v, d_out, msg=f"seed={seed} seq={seq}",
                                    causal=causal, rounding=rounding, fix="dynamic_max")
 
 
@@ -177,7 +187,7 @@ def test_head_slices_in_four_and_saved_output(seed):
     seq = int(torch.randint(65, 140, (1,)))
     q, k, v, d_out = tied_maxima_inputs(2, 4, 4, seq)
     kw = dict(rounding="paper", fix="dynamic_max")
-    slices = assert_head_slices_match_whole(kernels.reference_attention, q, k, v, d_out, parts=4,
+    slices = assert_head_slices_match_whole(reference_attention, q, k, v, d_out, parts=4,
                                             msg=f"seed={seed} seq={seq}", **kw)
     saved = kernels.saved_output(q[:, 3:], k[:, 3:], v[:, 3:], head_offset=3, total_heads=4, **kw)
     assert torch.equal(saved, slices[3]), f"seed={seed}"
@@ -202,8 +212,8 @@ def test_build_attention_passes_the_global_head_index(seed):
 def test_defaults_are_the_unsharded_head_index(seed):
     """head_offset=0, total_heads=0 and total_heads=q heads are the same call (existing callers unchanged)."""
     q, k, v, _ = tied_maxima_inputs(2, 2, 2, 70)
-    plain = kernels.reference_attention(q, k, v, rounding="paper", fix="dynamic_max")
-    explicit = kernels.reference_attention(q, k, v, rounding="paper", fix="dynamic_max", head_offset=0,
+    plain = reference_attention(q, k, v, rounding="paper", fix="dynamic_max")
+    explicit = reference_attention(q, k, v, rounding="paper", fix="dynamic_max", head_offset=0,
                                            total_heads=2)
     assert torch.equal(plain, explicit), f"seed={seed}"
 
@@ -211,17 +221,17 @@ def test_defaults_are_the_unsharded_head_index(seed):
 def test_bad_head_index_gives_clear_errors():
     q = torch.randn(1, 2, 8, 64).bfloat16()
     with pytest.raises(ValueError, match="head_offset=-1 must be >= 0"):
-        kernels.reference_attention(q, q, q, head_offset=-1, total_heads=4)
+        reference_attention(q, q, q, head_offset=-1, total_heads=4)
     with pytest.raises(ValueError, match="total_heads=-4 must be >= 0"):
-        kernels.reference_attention(q, q, q, total_heads=-4)
+        reference_attention(q, q, q, total_heads=-4)
     with pytest.raises(ValueError, match="exceeds total_heads=4"):
-        kernels.reference_attention(q, q, q, head_offset=3, total_heads=4)
+        reference_attention(q, q, q, head_offset=3, total_heads=4)
     with pytest.raises(ValueError, match="exceeds total_heads=1"):
-        kernels.reference_attention(q, q, q, total_heads=1)
+        reference_attention(q, q, q, total_heads=1)
     with pytest.raises(ValueError, match="needs total_heads"):
-        kernels.reference_attention(q, q, q, head_offset=2)
+        reference_attention(q, q, q, head_offset=2)
     with pytest.raises(TypeError, match="must be an int"):
-        kernels.reference_attention(q, q, q, head_offset=1.0, total_heads=4)
+        reference_attention(q, q, q, head_offset=1.0, total_heads=4)
     with pytest.raises(ValueError, match="head_offset"):
         kernels.saved_output(q, q, q, head_offset=-1, total_heads=4)
     nm = check_args(q, q, q, "fa2", "dynamic_max", 2.0, 1e-3, (torch.bfloat16,))
@@ -258,7 +268,7 @@ SAFETY_CASES = [(0.0, 2), (0.0, 130), (1.0, 2), (50.0, 3), (120.0, 2), (1e4, 4),
 @pytest.mark.parametrize("logit,ties", SAFETY_CASES)
 def test_safe_fix_never_nan_inf_or_zeroed(rounding, logit, ties, spread):
     q, k, v = tied_inputs(logit, ties, spread=spread)
-    out = kernels.reference_attention(q, k, v, False, rounding, "dynamic_max")
+    out = reference_attention(q, k, v, False, rounding, "dynamic_max")
     assert torch.isfinite(out).all()
     assert ((out.float() - 1).abs() <= 2**-6).all(), "every row of O must be 1 (V is all ones), none zeroed"
 
@@ -278,11 +288,11 @@ def test_published_rule_underflows_to_zeroed_rows(rounding):
     a correct row is 1), with finite gradients. The safe fix keeps the rows."""
     for logit, beta in ((120.0, 2.0), (20.0, 7.0), (-120.0, 2.0)):
         q, k, v = (t.requires_grad_() for t in tied_inputs(logit, 2))
-        out = kernels.reference_attention(q, k, v, False, rounding, "dynamic_max_published", beta=beta)
+        out = reference_attention(q, k, v, False, rounding, "dynamic_max_published", beta=beta)
         assert (out == 0).all(), f"logit={logit} beta={beta}: the published rule should zero the rows here"
         out.float().sum().backward()
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
-        safe = kernels.reference_attention(q, k, v, False, rounding, "dynamic_max", beta=beta)
+        safe = reference_attention(q, k, v, False, rounding, "dynamic_max", beta=beta)
         assert ((safe.float() - 1).abs() <= 2**-6).all()
 
 
@@ -353,10 +363,10 @@ def test_mode_kwargs_forwards_the_paper_tile_only_when_given():
 def test_reference_is_unaffected_by_an_enclosing_autocast(rounding):
     """The model calls the reference inside CPU BF16 autocast when precision.dtype=bf16."""
     q, k, v = (torch.randn(1, 2, 80, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    plain = kernels.reference_attention(q, k, v, rounding=rounding)
+    plain = reference_attention(q, k, v, rounding=rounding)
     grads = torch.autograd.grad(plain.float().sum(), (q, k, v))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        under = kernels.reference_attention(q, k, v, rounding=rounding)
+        under = reference_attention(q, k, v, rounding=rounding)
         grads_under = torch.autograd.grad(under.float().sum(), (q, k, v))
     assert torch.equal(plain, under)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_under))

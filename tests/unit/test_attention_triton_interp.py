@@ -15,9 +15,8 @@ import pytest
 import torch
 
 import kernels
-from kernels import reference
-from tests.attention_common import (MODES, assert_head_slices_match_whole, fp64_out_and_grads, head_slices,
-                                    rel_err, tied_maxima_inputs)
+from tests.attention_common import (MODES, NAN, assert_head_slices_match_whole, fp64_out_and_grads, head_slices,
+                                    nan_filled, rel_err, tied_maxima_inputs)
 
 _PREVIOUS = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -46,10 +45,10 @@ def interpreter_env():
 BLOCK_N = triton_flash.FIXED_FWD["BLOCK_N"]
 
 
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(triton_flash, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(reference, "POISON_OUTPUTS", True)
+# Every call here starts from NaN-filled output and gradient buffers, so an element a launch misses shows up.
+flash_attention = nan_filled(kernels.flash_attention)
+reference_attention = nan_filled(kernels.reference_attention)
+saved_output = nan_filled(kernels.saved_output)
 
 
 def assert_matches_reference(out, ref, msg=""):
@@ -61,7 +60,7 @@ def assert_matches_reference(out, ref, msg=""):
 def run_both(q, k, v, d_out, causal, rounding, fix):
     """(kernel out, kernel grads), (reference out, reference grads) on the same leaves."""
     results = []
-    for fn in (kernels.flash_attention, kernels.reference_attention):
+    for fn in (flash_attention, reference_attention):
         for t in (q, k, v):
             t.grad = None
         out = fn(q, k, v, causal, rounding, fix)
@@ -128,11 +127,11 @@ def exact_arithmetic_inputs(seq: int, causal: bool):
 def test_bit_for_bit_where_sums_are_exact(rounding, fix, causal, seed):
     seq = int(torch.randint(65, 131, (1,)))
     q, k, v = exact_arithmetic_inputs(seq, causal)
-    out = kernels.flash_attention(q, k, v, causal, rounding, fix)
-    ref = kernels.reference_attention(q, k, v, causal, rounding, fix, block_n=BLOCK_N)
+    out = flash_attention(q, k, v, causal, rounding, fix)
+    ref = reference_attention(q, k, v, causal, rounding, fix, block_n=BLOCK_N)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"seed={seed} seq={seq}"
-    saved = kernels.saved_output(q, k, v, causal=causal, rounding=rounding, fix=fix, backend="triton")
-    ref_saved = kernels.saved_output(q, k, v, causal=causal, rounding=rounding, fix=fix)
+    saved = saved_output(q, k, v, causal=causal, rounding=rounding, fix=fix, backend="triton")
+    ref_saved = saved_output(q, k, v, causal=causal, rounding=rounding, fix=fix)
     assert torch.equal(saved, ref_saved), f"seed={seed} seq={seq}"
 
 
@@ -143,11 +142,11 @@ def test_paper_tiles_bit_for_bit_where_sums_are_exact(seq, tile, causal, seed):
     and across tiles, rows that see no key of a tile (causal): kernel and reference agree bit for bit."""
     q, k, v = exact_arithmetic_inputs(seq, causal)
     kw = dict(causal=causal, rounding="paper", paper_block_keys=tile)
-    out = kernels.flash_attention(q, k, v, **kw)
-    ref = kernels.reference_attention(q, k, v, **kw)
+    out = flash_attention(q, k, v, **kw)
+    ref = reference_attention(q, k, v, **kw)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"seed={seed} seq={seq} tile={tile}"
-    saved = kernels.saved_output(q, k, v, fix="fp32_output", backend="triton", **kw)
-    assert torch.equal(saved, kernels.saved_output(q, k, v, fix="fp32_output", **kw)), f"seed={seed}"
+    saved = saved_output(q, k, v, fix="fp32_output", backend="triton", **kw)
+    assert torch.equal(saved, saved_output(q, k, v, fix="fp32_output", **kw)), f"seed={seed}"
 
 
 def test_paper_tile_starting_inside_a_query_block(monkeypatch, seed):
@@ -155,8 +154,8 @@ def test_paper_tile_starting_inside_a_query_block(monkeypatch, seed):
     tile that the block's first 64 rows cannot see; it must leave them exactly as they were."""
     monkeypatch.setitem(triton_flash.FIXED_FWD, "BLOCK_M", 128)
     q, k, v = exact_arithmetic_inputs(300, True)
-    out = kernels.flash_attention(q, k, v, True, "paper", paper_block_keys=64)
-    ref = kernels.reference_attention(q, k, v, True, "paper", paper_block_keys=64)
+    out = flash_attention(q, k, v, True, "paper", paper_block_keys=64)
+    ref = reference_attention(q, k, v, True, "paper", paper_block_keys=64)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"seed={seed}"
 
 
@@ -167,7 +166,7 @@ def test_paper_tiles_match_reference_with_ties(fix, seed):
     close (the backward recomputes P with the same score rounding)."""
     q, k, v, d_out = (t.requires_grad_() if i < 3 else t for i, t in enumerate(tied_maxima_inputs(1, 2, 2, 256)))
     results = []
-    for fn in (kernels.flash_attention, kernels.reference_attention):
+    for fn in (flash_attention, reference_attention):
         for t in (q, k, v):
             t.grad = None
         out = fn(q, k, v, True, "paper", fix, paper_block_keys=128)
@@ -235,8 +234,8 @@ def test_tied_rows_match_reference(rounding, seed):
 
     q, k, v, _, _ = build_inputs(2, torch.Generator().manual_seed(seed))
     for fix in ("dynamic_max", "dynamic_max_published"):
-        out = kernels.flash_attention(q, k, v, False, rounding, fix)
-        ref = kernels.reference_attention(q, k, v, False, rounding, fix, block_n=BLOCK_N)
+        out = flash_attention(q, k, v, False, rounding, fix)
+        ref = reference_attention(q, k, v, False, rounding, fix, block_n=BLOCK_N)
         assert (out != ref).float().mean() < 0.02 and rel_err(out, ref) < 1e-3, f"seed={seed} {fix}"
 
 
@@ -249,9 +248,9 @@ def test_fa2_safe_fix_triggers_on_ties_across_tiles_like_the_reference(seed):
     k[0, 0, [5, 70, 150]] = anchor
     q = (1.5 * anchor + 0.3 * torch.randn(1, 1, seq, dim)).bfloat16()
     k, v = k.bfloat16(), torch.randn(1, 1, seq, dim).bfloat16()
-    fixed = kernels.flash_attention(q, k, v, False, "fa2", "dynamic_max")
-    ref = kernels.reference_attention(q, k, v, False, "fa2", "dynamic_max", block_n=BLOCK_N)
-    none = kernels.flash_attention(q, k, v, False, "fa2", "none")
+    fixed = flash_attention(q, k, v, False, "fa2", "dynamic_max")
+    ref = reference_attention(q, k, v, False, "fa2", "dynamic_max", block_n=BLOCK_N)
+    none = flash_attention(q, k, v, False, "fa2", "none")
     assert_matches_reference(fixed, ref, f"seed={seed}")
     assert (fixed != none).any(-1).float().mean() > 0.2, f"seed={seed}: the cross-tile trigger did not shift"
 
@@ -278,9 +277,9 @@ def test_head_slices_with_global_index_match_the_whole_call(rounding, seed):
     q, k, v, d_out = tied_maxima_inputs(2, 4, 2, seq, dim=16)
     msg = f"seed={seed} seq={seq}"
     kw = dict(causal=True, rounding=rounding, fix="dynamic_max")
-    slices = assert_head_slices_match_whole(kernels.flash_attention, q, k, v, d_out, msg=msg, **kw)
+    slices = assert_head_slices_match_whole(flash_attention, q, k, v, d_out, msg=msg, **kw)
     sq, sk, sv, _, offset = head_slices(q, k, v, d_out, 2)[-1]
-    ref = kernels.reference_attention(sq, sk, sv, **kw, block_n=BLOCK_N, head_offset=offset, total_heads=4)
+    ref = reference_attention(sq, sk, sv, **kw, block_n=BLOCK_N, head_offset=offset, total_heads=4)
     assert_matches_reference(slices[-1], ref, msg)
 
 
@@ -288,8 +287,8 @@ def test_non_contiguous_inputs(seed):
     """(batch, seq, heads, dim) storage seen through a transpose, as a model produces it."""
     base = [torch.randn(1, 70, 2, 64).bfloat16() for _ in range(3)]
     q, k, v = (t.transpose(1, 2) for t in base)
-    out = kernels.flash_attention(q, k, v, True, "fa2", "none")
-    ref = kernels.reference_attention(q.contiguous(), k.contiguous(), v.contiguous(), True, "fa2", "none")
+    out = flash_attention(q, k, v, True, "fa2", "none")
+    ref = reference_attention(q.contiguous(), k.contiguous(), v.contiguous(), True, "fa2", "none")
     assert_matches_reference(out, ref, f"seed={seed}")
 
 
@@ -304,14 +303,14 @@ def test_outputs_and_gradients_take_the_layout_of_the_inputs(seed, fix):
     d_out_other_layout = d_out.contiguous()  # dO in yet another layout than O
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     views = [t.contiguous().requires_grad_() for t in (q, k, v)]
-    out = kernels.flash_attention(*leaves, True, "fa2", fix)
+    out = flash_attention(*leaves, True, "fa2", fix)
     assert out.stride() == q.stride(), msg
     out.backward(d_out_other_layout)
     for name, leaf in zip("qkv", leaves):
         assert not leaf.is_contiguous() and leaf.grad.stride() == leaf.stride(), f"{msg}: d{name}"
-    saved = kernels.saved_output(*(t.detach() for t in leaves), rounding="fa2", fix=fix, backend="triton")
+    saved = saved_output(*(t.detach() for t in leaves), rounding="fa2", fix=fix, backend="triton")
     assert saved.stride() == q.stride(), msg
-    ref_out = kernels.flash_attention(*views, True, "fa2", fix)
+    ref_out = flash_attention(*views, True, "fa2", fix)
     assert ref_out.is_contiguous()
     ref_out.backward(d_out)
     assert torch.equal(out, ref_out), msg
@@ -336,7 +335,7 @@ def tied_inputs(logit: float, ties: int, seq: int = 96, dim: int = 64):
 @pytest.mark.parametrize("logit,ties", SAFETY_CASES)
 def test_safe_fix_never_nan_inf_or_zeroed(rounding, logit, ties):
     q, k, v = tied_inputs(logit, ties)
-    out = kernels.flash_attention(q, k, v, False, rounding, "dynamic_max")
+    out = flash_attention(q, k, v, False, rounding, "dynamic_max")
     assert torch.isfinite(out).all() and ((out.float() - 1).abs() <= 2**-6).all()
 
 
@@ -344,9 +343,9 @@ def test_safe_fix_never_nan_inf_or_zeroed(rounding, logit, ties):
 def test_published_rule_failure_reproduced(rounding):
     """Every P_bar underflows; the authors' clamp of the row sum at 1e-10 zeroes the rows (NaN without it)."""
     q, k, v = tied_inputs(120.0, 2)
-    out = kernels.flash_attention(q, k, v, False, rounding, "dynamic_max_published")
+    out = flash_attention(q, k, v, False, rounding, "dynamic_max_published")
     assert (out == 0).all(), "a repeated logit of 120 with beta 2 underflows every P_bar: zeroed rows"
-    out = kernels.flash_attention(*tied_inputs(20.0, 2), False, rounding, "dynamic_max_published", beta=7.0)
+    out = flash_attention(*tied_inputs(20.0, 2), False, rounding, "dynamic_max_published", beta=7.0)
     assert (out == 0).all(), "beta 7 fails from a repeated logit of ~15"
 
 
@@ -360,7 +359,7 @@ def test_torch_compile_sees_a_custom_op(seed, head_offset, total_heads):
         q, k, v = (torch.randn(1, 2, 64, 64).bfloat16().requires_grad_() for _ in range(3))
 
     def step(q, k, v):
-        return kernels.flash_attention(q, k, v, True, "paper", "dynamic_max", head_offset=head_offset,
+        return flash_attention(q, k, v, True, "paper", "dynamic_max", head_offset=head_offset,
                                        total_heads=total_heads).float().square().sum()
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -376,15 +375,40 @@ def test_torch_compile_sees_a_custom_op(seed, head_offset, total_heads):
 def test_clear_errors():
     q = torch.randn(1, 2, 8, 64).bfloat16()
     with pytest.raises(TypeError, match="dtype"):
-        kernels.flash_attention(q.float(), q.float(), q.float())
+        flash_attention(q.float(), q.float(), q.float())
     with pytest.raises(ValueError, match="fix"):
-        kernels.flash_attention(q, q, q, fix="dynamic")
+        flash_attention(q, q, q, fix="dynamic")
     with pytest.raises(ValueError, match="exceeds total_heads=3"):
-        kernels.flash_attention(q, q, q, head_offset=2, total_heads=3)
+        flash_attention(q, q, q, head_offset=2, total_heads=3)
     with pytest.raises(ValueError, match="head_offset=-1 must be >= 0"):
-        kernels.saved_output(q, q, q, head_offset=-1, total_heads=3, backend="triton")
+        saved_output(q, q, q, head_offset=-1, total_heads=3, backend="triton")
     with pytest.raises(ValueError, match="total_heads=-1 must be >= 0"):
         triton_flash.flash_fwd(q, q, q, True, "fa2", "none", 2.0, 1e-3, 0, -1)
+    with pytest.raises(TypeError, match="autotune='no' must be True"):
+        flash_attention(q, q, q, autotune="no")
+    with pytest.raises(TypeError, match="out_fill='nan' must be None"):
+        kernels.flash_attention(q, q, q, out_fill="nan")
+
+
+def test_out_fill_shows_an_element_that_no_launch_writes(seed):
+    """What the NaN-filled buffers of these tests catch: a forward launched one query tile short leaves the rows of
+    that tile NaN in O and LSE. With every program launched the fill changes no bit of O or of the gradients."""
+    q, k, v, d_out = (torch.randn(1, 2, 100, 64).bfloat16() for _ in range(4))
+    nm = triton_flash._numerics(q, k, v, "fa2", "none", 2.0, 1e-3)
+    launch, out, lse, _ = triton_flash._forward_launch(q, k, v, True, nm, fill=NAN)
+    grid = launch.grid
+    launch.grid = lambda cfg: (grid(cfg)[0] - 1, grid(cfg)[1])  # programs run heaviest tile first: rows 64-99 skipped
+    launch()
+    assert out[:, :, :BLOCK_N].isfinite().all() and lse[:, :, :BLOCK_N].isfinite().all()
+    assert out[:, :, BLOCK_N:].isnan().all() and lse[:, :, BLOCK_N:].isnan().all()
+    results = []
+    for fill in (None, NAN):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = kernels.flash_attention(*leaves, out_fill=fill)
+        o.backward(d_out)
+        results.append([o.detach()] + [t.grad for t in leaves])
+    for name, a, b in zip(("O", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), f"seed={seed}: out_fill changed {name}"
 
 
 @pytest.mark.parametrize("rounding,fix,head_offset,total_heads",
@@ -397,8 +421,9 @@ def test_eager_path_equals_custom_op(seed, rounding, fix, head_offset, total_hea
         q, k, v, d_out = tied_maxima_inputs(1, 2, 2, 80, dim=32)
     heads = dict(head_offset=head_offset, total_heads=total_heads)
     results = []
-    for call in (lambda a, b, c: kernels.flash_attention(a, b, c, True, rounding, fix, **heads),
-                 lambda a, b, c: triton_flash.flash_fwd(a, b, c, True, rounding, fix, 2.0, 1e-3, **heads)[0]):
+    for call in (lambda a, b, c: flash_attention(a, b, c, True, rounding, fix, **heads),
+                 lambda a, b, c: triton_flash.flash_fwd(a, b, c, True, rounding, fix, 2.0, 1e-3, **heads,
+                                                        out_fill=NAN)[0]):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         out = call(qq, kk, vv)
         out.backward(d_out)
@@ -432,7 +457,7 @@ def test_compiled_model_with_the_kernel_matches_eager(seed, fix):
 
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=64, max_seq_len=32, n_layer=2, n_head=2, d_model=64))
-    model.set_attention(KernelAttention(kernels.flash_attention, dict(causal=True, rounding="fa2", fix=fix), False))
+    model.set_attention(KernelAttention(flash_attention, dict(causal=True, rounding="fa2", fix=fix), False))
     x, y = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
 
     def loss_and_grads(forward):
@@ -513,7 +538,7 @@ def test_noise_modes_bit_for_bit_where_sums_are_exact(rounding, fix, extra, seed
     kw = dict(extra, noise_keys=_keys(1, seed))
     out, lse, o32 = triton_flash.flash_fwd(q, k, v, True, "paper" if rounding == "paper" else "fa2", fix, 2.0, 1e-3,
                                            0, 0, 512, float(kw.get("delta_gain", 1.0)),
-                                           kw.get("delta_sign", "kept"), kw["noise_keys"])
+                                           kw.get("delta_sign", "kept"), kw["noise_keys"], out_fill=NAN)
     nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, (torch.bfloat16,), **kw)
     ref_out, ref_lse, ref_o32 = forward_core(q, k, v, True, nm, BLOCK_N, noise_keys=kw["noise_keys"])
     msg = f"seed={seed} seq={seq}"
@@ -522,8 +547,8 @@ def test_noise_modes_bit_for_bit_where_sums_are_exact(rounding, fix, extra, seed
     assert (o32.numel() > 0) == nm.amplified == (ref_o32 is not None), msg
     if nm.amplified:
         assert torch.equal(o32, ref_o32), msg
-    saved = kernels.saved_output(q, k, v, rounding=rounding, fix=fix, backend="triton", **kw)
-    assert torch.equal(saved, kernels.saved_output(q, k, v, rounding=rounding, fix=fix, **kw)), msg
+    saved = saved_output(q, k, v, rounding=rounding, fix=fix, backend="triton", **kw)
+    assert torch.equal(saved, saved_output(q, k, v, rounding=rounding, fix=fix, **kw)), msg
 
 
 @pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
@@ -536,7 +561,7 @@ def test_noise_modes_match_reference_with_gqa(rounding, seed):
     kw = dict(causal=True, rounding=rounding, fix="stochastic_output", delta_gain=8.0, delta_sign="random",
               noise_keys=_keys(2, seed), head_offset=2, total_heads=6)
     results = []
-    for fn in (kernels.flash_attention, kernels.reference_attention):
+    for fn in (flash_attention, reference_attention):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         out = fn(*leaves, **kw)
         out.backward(d_out)
@@ -555,7 +580,7 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta_in_kernel(roun
 
     def run(**kw):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = kernels.flash_attention(*leaves, True, rounding, kw.pop("fix", "none"), **kw)
+        out = flash_attention(*leaves, True, rounding, kw.pop("fix", "none"), **kw)
         out.backward(d_out)
         return [out.detach()] + [t.grad for t in leaves]
 
@@ -573,7 +598,7 @@ def test_noise_modes_follow_the_global_head_in_kernel(seed):
     """Head slices with head_offset / total_heads give the whole call's bits (SR and random signs hash the global
     head); without the offset the slice's O differs."""
     q, k, v, d_out = tied_maxima_inputs(1, 4, 2, 64, dim=32)
-    assert_head_slices_match_whole(kernels.flash_attention, q, k, v, d_out, parts=2, msg=f"seed={seed}",
+    assert_head_slices_match_whole(flash_attention, q, k, v, d_out, parts=2, msg=f"seed={seed}",
                                    causal=True, rounding="fa2", fix="stochastic_output", delta_gain=8.0,
                                    delta_sign="random", noise_keys=_keys(1, seed))
 
@@ -584,7 +609,7 @@ def test_torch_compile_with_noise_arguments(seed):
     keys = _keys(2, seed)
 
     def step(q, k, v, keys):
-        return kernels.flash_attention(q, k, v, True, "paper", "stochastic_output", head_offset=1, total_heads=3,
+        return flash_attention(q, k, v, True, "paper", "stochastic_output", head_offset=1, total_heads=3,
                                        delta_gain=6.0, delta_sign="random", noise_keys=keys).float().square().sum()
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -614,4 +639,4 @@ def test_fake_kernels_with_noise_arguments():
 def test_stochastic_output_refuses_fp16_in_kernel():
     q = torch.randn(1, 2, 8, 32).half()
     with pytest.raises(ValueError, match="use bf16"):
-        kernels.flash_attention(q, q, q, fix="stochastic_output")
+        flash_attention(q, q, q, fix="stochastic_output")

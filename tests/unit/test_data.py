@@ -1,12 +1,15 @@
 """Data preparation and the batch sequence: determinism, rank slicing, replay, and errors that name the fix."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from launcher.data import BatchSchedule, DataError, OffsetRecorder, TokenData, step_offsets
 from launcher.prepare_data import PrepareError, main as prepare_main, prepare
+from tests.runs import REPO
 
 
 def test_embedded_corpus_is_real_text(kjv_data):
@@ -64,6 +67,39 @@ def test_recorded_offsets_replay_and_resume_truncation(kjv_data, tmp_path):
 def test_missing_data_names_the_prepare_command(tmp_path):
     with pytest.raises(DataError, match="python -m launcher.prepare_data --source <your .*--out"):
         TokenData.open(tmp_path / "nothing")
+
+
+PREPARED_FILES = ("train.bin", "val.bin", "tokenizer.json")
+
+
+def test_embedded_corpus_prepares_without_datasets(kjv_data, tmp_path):
+    """The GPU machine has no HF ``datasets``: in a process where importing it fails, the embedded corpus prepares
+    anyway, to the same bytes as the session's folder (same arguments, another process)."""
+    out = tmp_path / "kjv"
+    code = ("import sys; sys.modules['datasets'] = None  # any import of datasets now raises ImportError\n"
+            "from pathlib import Path\n"
+            "from launcher.prepare_data import prepare\n"
+            f"prepare(['kjv'], Path({str(out)!r}), tokenizer='bpe', vocab_size=2048)\n"
+            "assert sys.modules['datasets'] is None\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in PREPARED_FILES + ("meta.json",):
+        assert (out / name).read_bytes() == (kjv_data / name).read_bytes(), name
+
+
+def test_embedded_corpus_prepares_as_through_datasets(kjv_data, tmp_path):
+    """The same chapters as a local text file, read by ``datasets`` (how the embedded corpus was prepared before it
+    was read directly): the same documents, split, vocabulary and tokens, byte for byte."""
+    pytest.importorskip("datasets")
+    from launcher.prepare_data import kjv_chapters
+
+    chapters = tmp_path / "kjv_chapters.txt"
+    chapters.write_text("\n\n".join(kjv_chapters()) + "\n", encoding="utf-8")
+    meta = prepare([str(chapters)], tmp_path / "through_datasets", tokenizer="bpe", vocab_size=2048)
+    embedded = json.loads((kjv_data / "meta.json").read_text())
+    assert (meta["documents"], meta["tokens"]) == (embedded["documents"], embedded["tokens"])
+    for name in PREPARED_FILES:
+        assert (tmp_path / "through_datasets" / name).read_bytes() == (kjv_data / name).read_bytes(), name
 
 
 def test_prepare_local_text_and_jsonl(tmp_path):
