@@ -38,6 +38,7 @@ from torch import nn
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import ZeroEngine, checkpointed, deepspeed_config, named_parameters
+from launcher.parallel.sequence import local_seq_len
 
 
 class TokenEmbedding(nn.Module):
@@ -163,7 +164,10 @@ class PipelineEngine(ZeroEngine):
         from launcher.monitors.probe import run_stage_probe
 
         dims = self.dims
-        hidden = (*batch[0].shape, self.config.model.d_model)
+        # what crosses a stage boundary: (batch, positions of this rank, d_model); sequence parallelism keeps T / tp
+        batch_size, seq_len = batch[0].shape
+        hidden = (batch_size, local_seq_len(seq_len, dims, self.config.parallel.sequence_parallel),
+                  self.config.model.d_model)
         return run_stage_probe(self.model, list(self.model.forward_funcs), self.model_loss, self.blocks(), batch,
                                autocast, grad_layers, backward, dims.pp_rank, dims.pp, dims.pp_group, hidden,
                                dims.device)

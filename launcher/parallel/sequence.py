@@ -1,0 +1,216 @@
+"""Megatron-style sequence parallelism (Korthikanti et al., 2022), applied right after tensor parallelism.
+
+Under tensor parallelism alone, the regions between the split ones (LayerNorms, residual additions, dropout) run on
+every rank of the tensor-parallel group, each on the whole sequence. With ``parallel.sequence_parallel`` each rank
+keeps only its ``T / tp`` consecutive positions of the hidden states there, and the two communications of each
+tensor-parallel region change into their sequence-parallel halves:
+
+=========================================  ==========================================  ====================================
+where                                      tensor parallel                             + sequence parallel
+=========================================  ==========================================  ====================================
+entering (q/k/v, fc_in, output layer)      identity; all-reduce of the gradient        all-gather along the sequence;
+                                                                                       reduce-scatter of the gradient
+leaving (out_proj, fc_out)                 all-reduce; identity backward               reduce-scatter along the sequence;
+                                                                                       all-gather of the gradient
+=========================================  ==========================================  ====================================
+
+An all-reduce is a reduce-scatter followed by an all-gather, so the volume sent is the same, while the work and the
+stored activations of the regions between are divided by ``tp``. The sequence is split once, after the embeddings
+(the vocabulary-parallel lookup is all-reduced as before, positions added and dropout applied on the whole sequence,
+as Megatron does for learned positions), and gathered once, before the vocabulary-parallel output layer; the loss is
+the vocabulary-parallel cross-entropy of the full sequence's logits, unchanged.
+
+Replicated parameters inside the split region (LayerNorm gains and biases, row-parallel biases) now see only this
+rank's positions, so their gradients are summed over the tensor-parallel group: a hook on each parameter, which runs
+before DDP or DeepSpeed take the gradient, so every engine (DDP, ZeRO 1-3, the pipeline) gets the full gradient. The
+position embeddings are used before the split and get the full gradient from the split's backward (an all-gather).
+
+Dropout in the split region draws the mask of the whole sequence from the same random stream as without sequence
+parallelism (every rank of the group has the same state) and applies this rank's slice, so sequence parallelism
+changes no numerics, dropout included, and the ranks' positions get independent masks.
+
+The helpers take the dimension to split (``dim``): 1 for the model's (batch, sequence, features) activations; FP8 FFNs
+use Transformer Engine's own sequence-parallel mode, which gathers the tokens of its 2-D view along dimension 0 (an
+FFN is the same function of every token, so it does not matter in which order they are gathered; launcher/fp8.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.tensor import shard_of
+
+SEQ_DIM = 1  # the model's activations are (batch, sequence, features)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Collectives along one dimension (single collectives on the contiguous layout NCCL and gloo want)
+
+
+def _split(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """This rank's slice of ``x`` along ``dim`` (a copy, so that the full tensor can be freed)."""
+    size = x.shape[dim] // dist.get_world_size(group)
+    return x.narrow(dim, dist.get_rank(group) * size, size).contiguous()
+
+
+def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """The ranks' slices concatenated along ``dim``, in rank order."""
+    parts = dist.get_world_size(group)
+    out = torch.empty((parts * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)  # stacked along dim 0
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out.view(parts, *x.shape).movedim(0, dim).flatten(dim, dim + 1)
+
+
+def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """Sum over the ranks of ``x``, of which this rank keeps its slice along ``dim``."""
+    parts = dist.get_world_size(group)
+    chunks = x.unflatten(dim, (parts, x.shape[dim] // parts)).movedim(dim, 0).contiguous()
+    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
+    return out
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """This rank's positions forward; the gradients of all positions gathered backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return _split(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.group, ctx.dim), None, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """Entering a tensor-parallel region: all positions forward; backward, each rank's column-parallel slice gave a
+    partial gradient for every position, so they are summed and each rank keeps its positions' (reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return _all_gather(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    """Leaving a tensor-parallel region: the row-parallel partial sums added up, this rank's positions kept;
+    backward, the gradient of all positions (every rank's partial had the same gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return _reduce_scatter(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.group, ctx.dim), None, None
+
+
+def scatter_to_sequence(x: torch.Tensor, group, dim: int = SEQ_DIM) -> torch.Tensor:
+    return _ScatterToSequence.apply(x, group, dim)
+
+
+def gather_from_sequence(x: torch.Tensor, group, dim: int = SEQ_DIM) -> torch.Tensor:
+    return _GatherFromSequence.apply(x, group, dim)
+
+
+def reduce_scatter_to_sequence(x: torch.Tensor, group, dim: int = SEQ_DIM) -> torch.Tensor:
+    return _ReduceScatterToSequence.apply(x, group, dim)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Replicated parameters and dropout in the sequence-parallel region
+
+
+SEQUENCE_PARALLEL_ATTR = "sequence_parallel"  # Megatron's and Transformer Engine's name for the mark
+
+
+def _summed_over(grad: torch.Tensor, group) -> torch.Tensor:
+    grad = grad.contiguous().clone()  # the incoming gradient may be shared with other autograd inputs
+    dist.all_reduce(grad, group=group)
+    return grad
+
+
+def sum_gradient_over_tp(param: nn.Parameter, group) -> None:
+    """Make ``param``'s gradient the sum over the tensor-parallel group (each rank saw its own positions only).
+
+    A hook on the parameter runs before the gradient is accumulated into ``.grad``, i.e. before DDP's or DeepSpeed's
+    own gradient hooks see it; it runs once per backward with the sum of all of the parameter's uses (activation
+    checkpointing included). One small all-reduce per parameter and micro-batch; Megatron instead all-reduces these
+    gradients once per step after the backward, which ZeRO-2/3 (gradients partitioned during the backward) does not
+    allow without touching DeepSpeed."""
+    setattr(param, SEQUENCE_PARALLEL_ATTR, True)
+    param.register_hook(functools.partial(_summed_over, group=group))
+
+
+def is_sequence_parallel(param: torch.Tensor) -> bool:
+    return getattr(param, SEQUENCE_PARALLEL_ATTR, False)
+
+
+class SequenceParallelDropout(nn.Module):
+    """Dropout of this rank's positions with its slice of the whole sequence's mask (see the module docstring)."""
+
+    def __init__(self, dropout: nn.Dropout, dims: ParallelDims, dim: int = SEQ_DIM):
+        super().__init__()
+        self.p, self.tp, self.tp_rank, self.dim = dropout.p, dims.tp, dims.tp_rank, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        full = list(x.shape)
+        full[self.dim] *= self.tp
+        # F.dropout of ones is the scaled mask nn.Dropout would have drawn for the whole sequence
+        mask = F.dropout(torch.ones(full, dtype=x.dtype, device=x.device), self.p)
+        return x * mask.narrow(self.dim, self.tp_rank * x.shape[self.dim], x.shape[self.dim])
+
+
+class ScatterAfter(nn.Module):
+    """``module`` (the embeddings' dropout), then this rank's positions: where the sequence-parallel region starts."""
+
+    def __init__(self, module: nn.Module, group):
+        super().__init__()
+        self.module, self.group = module, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scatter_to_sequence(self.module(x), self.group)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The plan
+
+
+def apply_sequence_parallel(model: nn.Module, dims: ParallelDims) -> nn.Module:
+    """Turn a tensor-split GPT (launcher.parallel.tensor.apply_tensor_parallel) sequence-parallel, in place."""
+    if dims.tp == 1:
+        raise ValueError("sequence parallelism needs tensor parallelism (parallel.tensor_parallel > 1)")
+    group = dims.tp_group
+    for block in model.blocks:
+        # the regions' communications, set by apply_tensor_parallel, swapped for their sequence-parallel halves
+        block.attn.tp_enter = block.mlp.tp_enter = gather_from_sequence
+        block.attn.out_proj.tp_exit = block.mlp.fc_out.tp_exit = reduce_scatter_to_sequence
+        for owner in (block.attn, block.mlp):
+            if owner.dropout.p > 0:
+                owner.dropout = SequenceParallelDropout(owner.dropout, dims)
+    model.drop = ScatterAfter(model.drop, group)  # positions are added before: their gradient stays whole
+    model.lm_head.tp_enter = gather_from_sequence
+    for module in (*model.blocks, model.ln_f):
+        for param in module.parameters():
+            if shard_of(param) is None:  # LayerNorms, row-parallel biases
+                sum_gradient_over_tp(param, group)
+    return model
+
+
+def local_seq_len(seq_len: int, dims: ParallelDims, sequence_parallel: bool) -> int:
+    """Positions of the hidden states a rank holds between blocks (what crosses a pipeline stage boundary)."""
+    return seq_len // dims.tp if sequence_parallel else seq_len
