@@ -145,7 +145,13 @@ class PipelineEngine(ZeroEngine):
         self.names = {id(p): param_name_of(names, p) for p in stage.parameters()}
 
         # the pipeline module brings its own topology as DeepSpeed's mpu
-        self._start_deepspeed(deepspeed_config(config, dims, zero_stage=1), run_dir, mpu=None)
+        ds_config = deepspeed_config(config, dims, zero_stage=1)
+        if config.parallel.sequence_parallel:
+            # DeepSpeed sends 1/tp of a stage's output from each tensor-parallel rank and all-gathers it on the next
+            # stage, which assumes the ranks hold the same activations; under sequence parallelism each holds its
+            # own positions, and each sends them whole
+            ds_config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
+        self._start_deepspeed(ds_config, run_dir, mpu=None)
         self.is_last_stage = dims.pp_rank == dims.pp - 1
 
     def describe(self) -> str:
