@@ -594,7 +594,8 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                             "parallel.sequence_parallel=false")
     if p.ddp_bucket_mb <= 0 or min(p.zero_reduce_bucket_size, p.zero_allgather_bucket_size,
                                    p.zero_prefetch_bucket_size) <= 0:
-        problems.append("parallel.ddp_bucket_mb and the parallel.zero_*_bucket_size fields must be positive")
+        problems.append("parallel.ddp_bucket_mb, zero_reduce_bucket_size, zero_allgather_bucket_size and "
+                        "zero_prefetch_bucket_size must be positive")
     if config.precision.fp8_ffn:
         problems += _fp8_problems(m, p, config.precision.fp8_recipe)
     if p.tensor_parallel > 1 and m.n_head > 0 and m.d_model > 0:
