@@ -70,6 +70,10 @@ class ParallelConfig:
     along the sequence and reduce-scatter their output instead of all-reducing (launcher/parallel/sequence.py). Same
     numerics, less activation memory and LayerNorm work. Needs tensor_parallel > 1 and data.seq_len divisible by it."""
     # -- communication overlap (docs/parallelism.md, "Overlap"); none of these changes the numerics
+    tp_async_grad_reduce: bool = False
+    """Tensor parallel (> 1): each MLP's fc_in starts the reduction of its input gradient (all-reduce; reduce-scatter
+    under sequence_parallel) asynchronously and computes its weight gradient meanwhile, as Megatron does. Off by
+    default: the same products and sums, but in an order of our own instead of autograd's."""
     ddp_bucket_mb: int = 25
     """DDP (zero_stage=0) gradient bucket size in MiB: each full bucket is all-reduced while the backward goes on
     (25 is torch's default; larger buckets mean fewer, larger all-reduces and a later start)."""

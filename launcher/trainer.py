@@ -34,7 +34,7 @@ from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets
 from launcher.metrics import Metrics, peak_tflops
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import Engine, autocast_dtype, build_engine
-from launcher.parallel.sequence import apply_sequence_parallel
+from launcher.parallel.sequence import apply_async_grad_reduce, apply_sequence_parallel
 from launcher.parallel.tensor import apply_tensor_parallel, check_divisible, head_range
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
@@ -178,6 +178,8 @@ def build_model(config: Config, dims: ParallelDims) -> tuple[GPT, int, float]:
     apply_tensor_parallel(model, dims)
     if config.parallel.sequence_parallel:  # right after tensor parallelism, which it extends
         apply_sequence_parallel(model, dims)
+    if config.parallel.tp_async_grad_reduce and dims.tp > 1:
+        apply_async_grad_reduce(model, dims, config.parallel.sequence_parallel)
     first_head, heads = head_range(config.model.n_head, dims)
     model.set_attention(build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads))
     return model, n_params, flops_per_token

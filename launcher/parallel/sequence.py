@@ -187,6 +187,66 @@ class ScatterAfter(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Overlap: the column-parallel input gradient reduced while the weight gradient is computed
+
+
+class _ColumnParallelLinear(torch.autograd.Function):
+    """y = x W^T + b of a column-parallel layer that owns its region's entry (Megatron's
+    LinearWithGradAccumulationAndAsyncCommunication): forward, x as it is (tensor parallel) or all-gathered along the
+    sequence (sequence parallel); backward, the input gradient first, its reduction over the group started
+    asynchronously (all-reduce, or reduce-scatter along the sequence), the weight and bias gradients computed while
+    it runs, then the wait. Same products and sums as autograd's, in another order."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, sequence_parallel):
+        total = _all_gather(x, group, SEQ_DIM) if sequence_parallel else x
+        ctx.save_for_backward(total, weight)
+        ctx.group, ctx.sequence_parallel, ctx.has_bias = group, sequence_parallel, bias is not None
+        return F.linear(total, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        total, weight = ctx.saved_tensors
+        # under autocast the forward multiplied copies in the autocast dtype, which the gradient has
+        grad_total = grad.matmul(weight.to(grad.dtype))
+        if ctx.sequence_parallel:
+            parts = dist.get_world_size(ctx.group)
+            chunks = grad_total.unflatten(SEQ_DIM, (parts, -1)).movedim(SEQ_DIM, 0).contiguous()
+            grad_x = torch.empty(chunks.shape[1:], dtype=grad.dtype, device=grad.device)
+            work = dist.reduce_scatter_tensor(grad_x, chunks.flatten(0, 1), group=ctx.group, async_op=True)
+        else:
+            grad_x = grad_total
+            work = dist.all_reduce(grad_x, group=ctx.group, async_op=True)
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_weight = rows.t().matmul(total.reshape(-1, total.shape[-1]).to(grad.dtype)).to(weight.dtype)
+        grad_bias = rows.sum(0).to(weight.dtype) if ctx.has_bias else None
+        work.wait()
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias, group, sequence_parallel: bool):
+    return _ColumnParallelLinear.apply(x, weight, bias, group, sequence_parallel)
+
+
+def _enter_nothing(x: torch.Tensor, _group) -> torch.Tensor:
+    return x  # the region's first layer communicates itself
+
+
+def apply_async_grad_reduce(model: nn.Module, dims: ParallelDims, sequence_parallel: bool) -> nn.Module:
+    """parallel.tp_async_grad_reduce: each MLP's entry moves into its fc_in (:class:`_ColumnParallelLinear`).
+
+    Only the MLP: the attention's entry stays a separate step, because its q/k/v product is the model's own (one
+    product of the three concatenated weights) and its input is what the monitors capture; FP8 FFNs are Transformer
+    Engine's modules, which overlap their own communication."""
+    group = dims.tp_group
+    for block in model.blocks:
+        block.mlp.tp_enter = _enter_nothing
+        block.mlp.fc_in.tp_linear = functools.partial(column_parallel_linear, group=group,
+                                                      sequence_parallel=sequence_parallel)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The plan
 
 

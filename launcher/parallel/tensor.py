@@ -130,9 +130,12 @@ class ColumnParallelLinear(nn.Module):
         self.in_features, self.out_features = full.in_features, full.out_features // dims.tp
         self.weight = _shard_param(full.weight, shard, dims.tp_rank)
         self.bias = None if full.bias is None else _shard_param(full.bias, shard, dims.tp_rank)
+        # parallel.tp_async_grad_reduce swaps in a product that owns the region's communication, overlapping it with
+        # the weight gradient in the backward (launcher/parallel/sequence.py)
+        self.tp_linear = F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.tp_linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
