@@ -19,6 +19,11 @@ ones only). Each block is a :class:`KeyedBlock`; ``drop_row_keys`` after the las
 the hidden states alone. Evaluation sends key 0 for every row (what the single-device model does without keys).
 Every other run keeps the plain layer list.
 
+Sequence parallelism (launcher/parallel/sequence.py) needs nothing here but two settings: the positions layer ends
+with the GPT's ``drop``, which then splits the sequence, so stage boundaries carry each tensor-parallel rank's own
+positions, (batch, T / tp, d); DeepSpeed must therefore send them whole instead of 1/tp per rank, and the monitors'
+probe pass sends that shape.
+
 Data parallelism under the pipeline always goes through DeepSpeed's ZeRO-1 optimizer (``zero_stage`` 0 runs as 1:
 the same numerics, optimizer state sharded); ZeRO-2 and -3 are refused by validation because DeepSpeed does not
 support them with a pipeline. The guard's veto works as in the ZeRO engine (inside DeepSpeed's optimizer step, once
