@@ -71,8 +71,9 @@ class ParallelConfig:
     numerics, less activation memory and LayerNorm work. Needs tensor_parallel > 1 and data.seq_len divisible by it."""
     # -- communication overlap (docs/parallelism.md, "Overlap"); none of these changes the numerics
     tp_async_grad_reduce: bool = False
-    """Tensor parallel (> 1): each MLP's fc_in starts the reduction of its input gradient (all-reduce; reduce-scatter
-    under sequence_parallel) asynchronously and computes its weight gradient meanwhile, as Megatron does. Off by
+    """Tensor parallel (> 1): each MLP's fc_in and the output layer start the reduction of their input gradient
+    (all-reduce; reduce-scatter under sequence_parallel) asynchronously and compute their weight gradient meanwhile, as
+    Megatron does (not the attention's fused q/k/v product, which is the model's own). Off by
     default: the same products and sums, but in an order of our own instead of autograd's."""
     ddp_bucket_mb: int = 25
     """DDP (zero_stage=0) gradient bucket size in MiB: each full bucket is all-reduced while the backward goes on

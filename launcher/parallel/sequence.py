@@ -233,16 +233,16 @@ def _enter_nothing(x: torch.Tensor, _group) -> torch.Tensor:
 
 
 def apply_async_grad_reduce(model: nn.Module, dims: ParallelDims, sequence_parallel: bool) -> nn.Module:
-    """parallel.tp_async_grad_reduce: each MLP's entry moves into its fc_in (:class:`_ColumnParallelLinear`).
+    """parallel.tp_async_grad_reduce: the entries of each MLP and of the output layer move into their first product,
+    fc_in and the vocabulary-parallel head (:class:`_ColumnParallelLinear`).
 
-    Only the MLP: the attention's entry stays a separate step, because its q/k/v product is the model's own (one
-    product of the three concatenated weights) and its input is what the monitors capture; FP8 FFNs are Transformer
-    Engine's modules, which overlap their own communication."""
-    group = dims.tp_group
+    Not the attention: its entry stays a separate step, because its q/k/v product is the model's own (one product of
+    the three concatenated weights) and its input is what the monitors capture. FP8 FFNs are Transformer Engine's
+    modules, whose own overlap options are not wired."""
+    linear = functools.partial(column_parallel_linear, group=dims.tp_group, sequence_parallel=sequence_parallel)
     for block in model.blocks:
-        block.mlp.tp_enter = _enter_nothing
-        block.mlp.fc_in.tp_linear = functools.partial(column_parallel_linear, group=group,
-                                                      sequence_parallel=sequence_parallel)
+        block.mlp.tp_enter, block.mlp.fc_in.tp_linear = _enter_nothing, linear
+    model.lm_head.tp_enter, model.lm_head.tp_linear = _enter_nothing, linear
     return model
 
 

@@ -180,9 +180,10 @@ class VocabParallelHead(nn.Module):
         self.weight = embedding.weight  # the same Parameter: tied, as in the single-device model
         self.group = embedding.group
         self.tp_enter = copy_to_tp  # sequence parallelism swaps in an all-gather (launcher/parallel/sequence.py)
+        self.tp_linear = F.linear  # as in ColumnParallelLinear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.tp_enter(x, self.group), self.weight)
+        return self.tp_linear(self.tp_enter(x, self.group), self.weight, None)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

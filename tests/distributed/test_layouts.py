@@ -29,7 +29,7 @@ LAYOUTS = {  # name: (processes, overrides)
     "tp2_dp2": (4, ["parallel.tensor_parallel=2"]),
     "tp2_dp2_zero2": (4, ["parallel.tensor_parallel=2", "parallel.zero_stage=2"]),
     # sequence parallelism; the pipeline one also recomputes its blocks (activation checkpointing) and overlaps the
-    # MLP's input-gradient reduce-scatter with its weight gradient
+    # input-gradient reduce-scatter of the MLP and the output layer with their weight gradient
     "tp2_sp": (2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]),
     "tp2_pp2_sp": (4, ["parallel.tensor_parallel=2", "parallel.pipeline_parallel=2", "parallel.sequence_parallel=true",
                        "parallel.activation_checkpointing=true", "parallel.tp_async_grad_reduce=true"]),
