@@ -171,7 +171,8 @@ def open_data(config: Config, dims: ParallelDims) -> TokenData:
 
 def build_model(config: Config, dims: ParallelDims) -> tuple[GPT, int, float]:
     """This rank's model on the CPU: the full single-device GPT from the run's seed, split over the tensor-parallel
-    group (and the sequence, with parallel.sequence_parallel). Also returns the full model's parameter count and training FLOPs per token (for MFU)."""
+    group (and the sequence, with parallel.sequence_parallel). Also returns the full model's parameter count and
+    training FLOPs per token (for MFU)."""
     torch.manual_seed(config.run.seed)  # the same initial weights in every arm and every layout
     model = GPT(config.model)
     n_params, flops_per_token = model.num_parameters(), model.flops_per_token(config.data.seq_len)

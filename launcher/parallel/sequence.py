@@ -5,14 +5,10 @@ every rank of the tensor-parallel group, each on the whole sequence. With ``para
 keeps only its ``T / tp`` consecutive positions of the hidden states there, and the two communications of each
 tensor-parallel region change into their sequence-parallel halves:
 
-=========================================  ==========================================  ====================================
-where                                      tensor parallel                             + sequence parallel
-=========================================  ==========================================  ====================================
-entering (q/k/v, fc_in, output layer)      identity; all-reduce of the gradient        all-gather along the sequence;
-                                                                                       reduce-scatter of the gradient
-leaving (out_proj, fc_out)                 all-reduce; identity backward               reduce-scatter along the sequence;
-                                                                                       all-gather of the gradient
-=========================================  ==========================================  ====================================
+- entering a region (q/k/v, fc_in, the output layer): identity forward and all-reduce of the gradient become an
+  all-gather along the sequence forward and a reduce-scatter of the gradient;
+- leaving it (out_proj, fc_out): all-reduce forward and identity backward become a reduce-scatter along the sequence
+  forward and an all-gather of the gradient.
 
 An all-reduce is a reduce-scatter followed by an all-gather, so the volume sent is the same, while the work and the
 stored activations of the regions between are divided by ``tp``. The sequence is split once, after the embeddings
@@ -28,6 +24,10 @@ position embeddings are used before the split and get the full gradient from the
 Dropout in the split region draws the mask of the whole sequence from the same random stream as without sequence
 parallelism (every rank of the group has the same state) and applies this rank's slice, so sequence parallelism
 changes no numerics, dropout included, and the ranks' positions get independent masks.
+
+``parallel.tp_async_grad_reduce`` (:func:`apply_async_grad_reduce`, with or without sequence parallelism) moves the
+entry of the MLP and of the output layer into their first product, whose backward overlaps the input gradient's
+reduction with the weight gradient's product, as Megatron does.
 
 The helpers take the dimension to split (``dim``): 1 for the model's (batch, sequence, features) activations; FP8 FFNs
 use Transformer Engine's own sequence-parallel mode, which gathers the tokens of its 2-D view along dimension 0 (an

@@ -68,7 +68,8 @@ def test_arm_override_from_cli():
     (["parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "data.seq_len=127"],
      "data.seq_len=127 is not divisible by parallel.tensor_parallel=2, which parallel.sequence_parallel=true needs "
      "(each rank keeps seq_len / tensor_parallel positions); set data.seq_len=126"),
-    (["parallel.zero_reduce_bucket_size=0"], "zero_allgather_bucket_size and zero_prefetch_bucket_size must be positive"),
+    (["parallel.zero_reduce_bucket_size=0"],
+     "zero_allgather_bucket_size and zero_prefetch_bucket_size must be positive"),
     (["attention.delta_gain=-1"], "attention.delta_gain=-1.0 must be a finite number >= 0"),
     (["attention.delta_gain=.inf"], "attention.delta_gain=inf must be a finite number >= 0"),
     (["attention.delta_gain=nan"], "attention.delta_gain=nan must be a finite number >= 0"),
@@ -181,7 +182,8 @@ def test_overlap_settings_reach_deepspeed_with_its_own_defaults():
     assert section == {"stage": 2, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000,
                        "allgather_bucket_size": 500_000_000}
     config = load_config("smoke", ["parallel.zero_stage=3", "parallel.zero_overlap_comm=false",
-                                   "parallel.zero_reduce_bucket_size=20000000", "parallel.zero_prefetch_bucket_size=1000"])
+                                   "parallel.zero_reduce_bucket_size=20000000",
+                                   "parallel.zero_prefetch_bucket_size=1000"])
     section = deepspeed_config(config, dims, 3)["zero_optimization"]
     assert section["overlap_comm"] is False and section["reduce_bucket_size"] == 20_000_000
     assert section["stage3_prefetch_bucket_size"] == 1000
