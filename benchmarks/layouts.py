@@ -26,6 +26,8 @@ from launcher.compare import load_scalars
 from launcher.config import arm_names, load_config, load_recipe
 from launcher.monitors import tags
 
+ZERO_OVERLAP = ["parallel.zero_overlap_comm=true", "parallel.zero_reduce_bucket_size=50000000",
+                "parallel.zero_allgather_bucket_size=50000000"]
 LAYOUTS = {  # name: (processes, overrides)
     "single": (1, []),
     "dp2": (2, []),
@@ -35,6 +37,17 @@ LAYOUTS = {  # name: (processes, overrides)
     "tp2": (2, ["parallel.tensor_parallel=2"]),
     "pp2": (2, ["parallel.pipeline_parallel=2"]),
     "tp2_pp2": (4, ["parallel.tensor_parallel=2", "parallel.pipeline_parallel=2"]),
+    # sequence parallelism and the overlap settings (docs/parallelism.md, "Overlap"); the ZeRO buckets are 1/10 of
+    # DeepSpeed's default 5e8 elements, so that reductions start earlier in the backward (a first guess to measure)
+    "tp2_sp": (2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]),
+    "tp2_async": (2, ["parallel.tensor_parallel=2", "parallel.tp_async_grad_reduce=true"]),
+    "tp2_sp_async": (2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true",
+                         "parallel.tp_async_grad_reduce=true"]),
+    "dp2_bucket100": (2, ["parallel.ddp_bucket_mb=100"]),
+    "dp2_zero1_overlap": (2, ["parallel.zero_stage=1", *ZERO_OVERLAP]),
+    "dp2_zero2_overlap": (2, ["parallel.zero_stage=2", *ZERO_OVERLAP]),
+    "tp2_pp2_sp": (4, ["parallel.tensor_parallel=2", "parallel.pipeline_parallel=2",
+                       "parallel.sequence_parallel=true"]),
 }
 REPO = Path(__file__).resolve().parent.parent
 

@@ -64,6 +64,35 @@ class ParallelConfig:
     3 = + parameters (DeepSpeed ZeRO). Numerics are the same at every stage: FP32 weights and Adam state."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward instead of storing them (less memory, ~1/3 more compute)."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism on top of tensor parallelism: between the tensor-parallel regions (LayerNorms,
+    residuals, dropout) each rank keeps data.seq_len / tensor_parallel positions; the regions all-gather their input
+    along the sequence and reduce-scatter their output instead of all-reducing (launcher/parallel/sequence.py). Same
+    numerics, less activation memory and LayerNorm work. Needs tensor_parallel > 1 and data.seq_len divisible by it."""
+    # -- communication overlap (docs/parallelism.md, "Overlap"); none of these changes the numerics
+    tp_async_grad_reduce: bool = False
+    """Tensor parallel (> 1): each MLP's fc_in and the output layer start the reduction of their input gradient
+    (all-reduce; reduce-scatter under sequence_parallel) asynchronously and compute their weight gradient meanwhile, as
+    Megatron does (not the attention's fused q/k/v product, which is the model's own). Off by
+    default: the same products and sums, but in an order of our own instead of autograd's."""
+    ddp_bucket_mb: int = 25
+    """DDP (zero_stage=0) gradient bucket size in MiB: each full bucket is all-reduced while the backward goes on
+    (25 is torch's default; larger buckets mean fewer, larger all-reduces and a later start)."""
+    zero_overlap_comm: Optional[bool] = None
+    """DeepSpeed ZeRO's overlap_comm: reduce (stage 1/2) gradient buckets, and under stage 3 also prefetch parameters,
+    on a separate stream while the backward goes on. null: DeepSpeed's default (on for stage 3, off for 1 and 2)."""
+    zero_contiguous_gradients: bool = True
+    """DeepSpeed ZeRO's contiguous_gradients: copy gradients into one contiguous buffer as they are produced (less
+    fragmentation, one copy per gradient); DeepSpeed's default."""
+    zero_reduce_bucket_size: int = 500_000_000
+    """DeepSpeed ZeRO's reduce_bucket_size: gradient elements reduced at a time (DeepSpeed's default 5e8; smaller
+    buckets start reducing earlier in the backward, with overlap_comm on, at the cost of more collectives)."""
+    zero_allgather_bucket_size: int = 500_000_000
+    """DeepSpeed ZeRO-1/2's allgather_bucket_size: updated parameter elements all-gathered at a time after the step
+    (DeepSpeed's default 5e8)."""
+    zero_prefetch_bucket_size: int = 50_000_000
+    """DeepSpeed ZeRO-3's stage3_prefetch_bucket_size: parameter elements fetched ahead of their use (DeepSpeed's
+    default 5e7)."""
 
 
 @dataclass
@@ -557,6 +586,21 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         if m.n_layer > 0 and p.pipeline_parallel > m.n_layer:
             problems.append(f"parallel.pipeline_parallel={p.pipeline_parallel} stages for model.n_layer={m.n_layer} "
                             "blocks: use at most one stage per block")
+    if p.sequence_parallel:
+        if p.tensor_parallel <= 1:
+            problems.append("parallel.sequence_parallel=true splits the sequence over the tensor-parallel group and "
+                            f"needs parallel.tensor_parallel > 1 (it is {p.tensor_parallel}); set "
+                            "parallel.tensor_parallel=2 (or more), or parallel.sequence_parallel=false")
+        elif d.seq_len > 0 and d.seq_len % p.tensor_parallel:
+            fits = d.seq_len // p.tensor_parallel * p.tensor_parallel
+            problems.append(f"data.seq_len={d.seq_len} is not divisible by parallel.tensor_parallel="
+                            f"{p.tensor_parallel}, which parallel.sequence_parallel=true needs (each rank keeps "
+                            f"seq_len / tensor_parallel positions); set data.seq_len={fits}, or "
+                            "parallel.sequence_parallel=false")
+    if p.ddp_bucket_mb <= 0 or min(p.zero_reduce_bucket_size, p.zero_allgather_bucket_size,
+                                   p.zero_prefetch_bucket_size) <= 0:
+        problems.append("parallel.ddp_bucket_mb, zero_reduce_bucket_size, zero_allgather_bucket_size and "
+                        "zero_prefetch_bucket_size must be positive")
     if config.precision.fp8_ffn:
         problems += _fp8_problems(m, p, config.precision.fp8_recipe)
     if p.tensor_parallel > 1 and m.n_head > 0 and m.d_model > 0:

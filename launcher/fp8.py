@@ -7,7 +7,9 @@ identity. Attention projections stay in BF16, as in the industrial setting the p
 
 Layouts:
 - tensor parallel: TE's own column (fc1) and row (fc2) parallel modes over the tensor-parallel group, holding the
-  slices :mod:`launcher.parallel.tensor` cut; TE does the MLP's two collectives itself.
+  slices :mod:`launcher.parallel.tensor` cut; TE does the MLP's two collectives itself. With sequence parallelism,
+  TE's ``sequence_parallel`` mode (all-gather of the LayerNorm output, reduce-scatter of fc2's), and the gradients
+  of its replicated parameters summed over the group (launcher/parallel/sequence.py).
 - every layout: the module enters ``te.autocast`` around its own call, with the FP8 amax reduction group = the
   tensor x data-parallel ranks of its pipeline stage (``ParallelDims.amax_group``). Owning the context makes FP8
   independent of who calls the forward (the trainer, DeepSpeed's ZeRO engine, DeepSpeed's pipeline schedule, the
@@ -32,6 +34,7 @@ from torch import nn
 
 from launcher.config import PrecisionConfig
 from launcher.parallel.dims import ParallelDims
+from launcher.parallel.sequence import is_sequence_parallel, sum_gradient_over_tp
 from launcher.parallel.tensor import mark_sharded, shard_of
 
 RECIPES = ("delayed", "current", "block")
@@ -94,10 +97,14 @@ class FP8FeedForward(nn.Module):
         te = _te()
         fc_in, fc_out = mlp.fc_in, mlp.fc_out
         hidden = fc_in.out_features * dims.tp  # TE takes the full width and splits it itself
+        # sequence parallelism (launcher/parallel/sequence.py) marked the block's LayerNorm: TE's own mode then
+        # all-gathers the LayerNorm output and reduce-scatters fc2's
+        sequence_parallel = is_sequence_parallel(ln.weight)
         self.fused = te.LayerNormMLP(
             fc_in.in_features, hidden, eps=ln.eps, bias=fc_in.bias is not None, normalization="LayerNorm",
             activation="gelu",  # TE's GELU is the tanh approximation, as in model.gpt.MLP
             set_parallel_mode=dims.tp > 1, tp_group=dims.tp_group if dims.tp > 1 else None, tp_size=dims.tp,
+            sequence_parallel=sequence_parallel,
             params_dtype=torch.float32, device=dims.device)
         fused = self.fused
         with torch.no_grad():
@@ -118,6 +125,11 @@ class FP8FeedForward(nn.Module):
                                 (fc_in.bias, getattr(fused, "fc1_bias", None))):
             if plain is not None and shard_of(plain) is not None:
                 mark_sharded(te_param, shard_of(plain))
+        if sequence_parallel:  # TE leaves the gradients of its replicated parameters partial, as Megatron expects
+            for te_param in (fused.layer_norm_weight, fused._parameters.get("layer_norm_bias"),
+                             getattr(fused, "fc2_bias", None)):
+                if te_param is not None:
+                    sum_gradient_over_tp(te_param, dims.tp_group)
         self.dropout = mlp.dropout
         self.recipe = make_recipe(precision)
         self.amax_group = dims.amax_group if dims.distributed else None

@@ -34,6 +34,7 @@ from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets
 from launcher.metrics import Metrics, peak_tflops
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import Engine, autocast_dtype, build_engine
+from launcher.parallel.sequence import apply_async_grad_reduce, apply_sequence_parallel
 from launcher.parallel.tensor import apply_tensor_parallel, check_divisible, head_range
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
@@ -170,11 +171,16 @@ def open_data(config: Config, dims: ParallelDims) -> TokenData:
 
 def build_model(config: Config, dims: ParallelDims) -> tuple[GPT, int, float]:
     """This rank's model on the CPU: the full single-device GPT from the run's seed, split over the tensor-parallel
-    group. Also returns the full model's parameter count and training FLOPs per token (for MFU)."""
+    group (and the sequence, with parallel.sequence_parallel). Also returns the full model's parameter count and
+    training FLOPs per token (for MFU)."""
     torch.manual_seed(config.run.seed)  # the same initial weights in every arm and every layout
     model = GPT(config.model)
     n_params, flops_per_token = model.num_parameters(), model.flops_per_token(config.data.seq_len)
     apply_tensor_parallel(model, dims)
+    if config.parallel.sequence_parallel:  # right after tensor parallelism, which it extends
+        apply_sequence_parallel(model, dims)
+    if config.parallel.tp_async_grad_reduce and dims.tp > 1:
+        apply_async_grad_reduce(model, dims, config.parallel.sequence_parallel)
     first_head, heads = head_range(config.model.n_head, dims)
     model.set_attention(build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads))
     return model, n_params, flops_per_token

@@ -1,7 +1,7 @@
 """A stand-in for the parts of Transformer Engine that launcher/fp8.py uses, for CPU tests of the FP8 plumbing.
 
-What it models: the module interface (``LayerNormMLP`` with TE's parameter names and tensor-parallel modes, its
-``fp8_meta`` delayed-scaling state), and TE's collectives. Leaving an enabled ``autocast`` with gradients on
+What it models: the module interface (``LayerNormMLP`` with TE's parameter names, its tensor- and sequence-parallel
+modes, its ``fp8_meta`` delayed-scaling state), and TE's collectives. Leaving an enabled ``autocast`` with gradients on
 all-reduces (MAX) the amaxes recorded inside it over ``amax_reduction_group``, and the backward of an FP8 module
 does the same for its gradients. A rank that makes such a pass alone waits forever, as with TE, so a layout or a
 monitor that breaks the symmetry hangs these tests too. What it does not model: FP8 arithmetic (the math is the
@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.parallel.sequence import gather_from_sequence, reduce_scatter_to_sequence
 from launcher.parallel.tensor import copy_to_tp, reduce_from_tp
 
 HISTORY = 16
@@ -110,10 +111,10 @@ class _BackwardAmax(torch.autograd.Function):
 class LayerNormMLP(nn.Module):
     def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, bias=True, normalization="LayerNorm",
                  activation="gelu", set_parallel_mode=False, tp_group=None, tp_size=1, params_dtype=torch.float32,
-                 device="cpu", **_):
+                 device="cpu", sequence_parallel=False, **_):
         super().__init__()
         local = ffn_hidden_size // tp_size
-        self.eps, self.tp_group, self.tp_size = eps, tp_group, tp_size
+        self.eps, self.tp_group, self.tp_size, self.sequence_parallel = eps, tp_group, tp_size, sequence_parallel
         self.layer_norm_weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=params_dtype))
         self.layer_norm_bias = nn.Parameter(torch.zeros(hidden_size, device=device, dtype=params_dtype))
         self.fc1_weight = nn.Parameter(torch.empty(local, hidden_size, device=device, dtype=params_dtype))
@@ -137,11 +138,15 @@ class LayerNormMLP(nn.Module):
             _State.pending.append((self.fp8_meta, x.detach().abs().amax().float().reshape(1).repeat(3)))
             x = _BackwardAmax.apply(x, self.fp8_meta, _State.group)
         h = F.layer_norm(x, x.shape[-1:], self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        if self.tp_size > 1:
+        if self.sequence_parallel:  # TE gathers the tokens of its 2-D view along their first dimension
+            h = gather_from_sequence(h.flatten(0, -2), self.tp_group, dim=0)
+        elif self.tp_size > 1:
             h = copy_to_tp(h, self.tp_group)
         h = F.gelu(F.linear(h, self.fc1_weight, self.fc1_bias), approximate="tanh")
         y = F.linear(h, self.fc2_weight)
-        if self.tp_size > 1:
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sequence(y, self.tp_group, dim=0).view(*x.shape[:-1], -1)
+        elif self.tp_size > 1:
             y = reduce_from_tp(y, self.tp_group)
         return y if self.fc2_bias is None else y + self.fc2_bias
 

@@ -189,7 +189,9 @@ class LocalEngine(Engine):
         wrapped = model
         if self.ddp:
             device_ids = [dims.device.index] if dims.device.type == "cuda" else None
-            wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, process_group=dims.dp_group)
+            # buckets are all-reduced as they fill during the backward (parallel.ddp_bucket_mb)
+            wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, process_group=dims.dp_group,
+                                                          bucket_cap_mb=config.parallel.ddp_bucket_mb)
         self.wrapped = torch.compile(wrapped) if config.run.compile else wrapped
 
     def describe(self) -> str:
@@ -407,10 +409,23 @@ def deepspeed_config(config: Config, dims: ParallelDims, zero_stage: int) -> dic
         # engine's forward runs in torch autocast only if this section enables it (it disables an outer one).
         "torch_autocast": {"enabled": autocast_dtype(config, dims.device) == "bf16", "dtype": "bfloat16",
                            "lower_precision_safe_modules": []},
-        "zero_optimization": {"stage": zero_stage},
+        "zero_optimization": zero_optimization(config, zero_stage),
         "steps_per_print": 2**31 - 1,  # the trainer prints progress
         "wall_clock_breakdown": False,
     }
+
+
+def zero_optimization(config: Config, zero_stage: int) -> dict:
+    """DeepSpeed's zero_optimization section: the stage and the overlap settings of ParallelConfig (whose defaults
+    are DeepSpeed's own; overlap_comm is left out when null, so that DeepSpeed picks it by stage)."""
+    p = config.parallel
+    section = {"stage": zero_stage, "contiguous_gradients": p.zero_contiguous_gradients,
+               "reduce_bucket_size": p.zero_reduce_bucket_size, "allgather_bucket_size": p.zero_allgather_bucket_size}
+    if zero_stage == 3:
+        section["stage3_prefetch_bucket_size"] = p.zero_prefetch_bucket_size
+    if p.zero_overlap_comm is not None:
+        section["overlap_comm"] = p.zero_overlap_comm
+    return section
 
 
 def checkpointed(block: nn.Module) -> nn.Module:

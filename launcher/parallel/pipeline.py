@@ -19,6 +19,11 @@ ones only). Each block is a :class:`KeyedBlock`; ``drop_row_keys`` after the las
 the hidden states alone. Evaluation sends key 0 for every row (what the single-device model does without keys).
 Every other run keeps the plain layer list.
 
+Sequence parallelism (launcher/parallel/sequence.py) needs nothing here but two settings: the positions layer ends
+with the GPT's ``drop``, which then splits the sequence, so stage boundaries carry each tensor-parallel rank's own
+positions, (batch, T / tp, d); DeepSpeed must therefore send them whole instead of 1/tp per rank, and the monitors'
+probe pass sends that shape.
+
 Data parallelism under the pipeline always goes through DeepSpeed's ZeRO-1 optimizer (``zero_stage`` 0 runs as 1:
 the same numerics, optimizer state sharded); ZeRO-2 and -3 are refused by validation because DeepSpeed does not
 support them with a pipeline. The guard's veto works as in the ZeRO engine (inside DeepSpeed's optimizer step, once
@@ -38,6 +43,7 @@ from torch import nn
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import ZeroEngine, checkpointed, deepspeed_config, named_parameters
+from launcher.parallel.sequence import local_seq_len
 
 
 class TokenEmbedding(nn.Module):
@@ -144,7 +150,13 @@ class PipelineEngine(ZeroEngine):
         self.names = {id(p): param_name_of(names, p) for p in stage.parameters()}
 
         # the pipeline module brings its own topology as DeepSpeed's mpu
-        self._start_deepspeed(deepspeed_config(config, dims, zero_stage=1), run_dir, mpu=None)
+        ds_config = deepspeed_config(config, dims, zero_stage=1)
+        if config.parallel.sequence_parallel:
+            # DeepSpeed sends 1/tp of a stage's output from each tensor-parallel rank and all-gathers it on the next
+            # stage, which assumes the ranks hold the same activations; under sequence parallelism each holds its
+            # own positions, and each sends them whole
+            ds_config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
+        self._start_deepspeed(ds_config, run_dir, mpu=None)
         self.is_last_stage = dims.pp_rank == dims.pp - 1
 
     def describe(self) -> str:
@@ -163,7 +175,10 @@ class PipelineEngine(ZeroEngine):
         from launcher.monitors.probe import run_stage_probe
 
         dims = self.dims
-        hidden = (*batch[0].shape, self.config.model.d_model)
+        # what crosses a stage boundary: (batch, positions of this rank, d_model); sequence parallelism keeps T / tp
+        batch_size, seq_len = batch[0].shape
+        hidden = (batch_size, local_seq_len(seq_len, dims, self.config.parallel.sequence_parallel),
+                  self.config.model.d_model)
         return run_stage_probe(self.model, list(self.model.forward_funcs), self.model_loss, self.blocks(), batch,
                                autocast, grad_layers, backward, dims.pp_rank, dims.pp, dims.pp_group, hidden,
                                dims.device)

@@ -15,7 +15,9 @@ gradient backward) on the input of each split region (the attention, the MLP, th
 (all-reduce forward, identity backward) after every row-parallel output. The attention's q, k and v projections
 share one ``copy_to_tp`` (a forward pre-hook on the attention module), so its backward is one all-reduce, as with
 Megatron's fused QKV matrix. Replicated parameters (LayerNorms, position embeddings, row-parallel
-biases) therefore receive identical gradients on every rank of the group.
+biases) therefore receive identical gradients on every rank of the group. The functions a region enters and leaves
+with are attributes (``tp_enter`` of the attention, the MLP and the output layer, ``tp_exit`` of the row-parallel
+layers): sequence parallelism (launcher/parallel/sequence.py) swaps in its all-gather and reduce-scatter.
 
 The split modules keep the original names (``blocks.1.attn.q_proj.weight``), and each sharded parameter records
 how it was split (:class:`Shard`), so checkpoints can be written as full tensors and loaded under any layout.
@@ -128,9 +130,12 @@ class ColumnParallelLinear(nn.Module):
         self.in_features, self.out_features = full.in_features, full.out_features // dims.tp
         self.weight = _shard_param(full.weight, shard, dims.tp_rank)
         self.bias = None if full.bias is None else _shard_param(full.bias, shard, dims.tp_rank)
+        # parallel.tp_async_grad_reduce swaps in a product that owns the region's communication, overlapping it with
+        # the weight gradient in the backward (launcher/parallel/sequence.py)
+        self.tp_linear = F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.tp_linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -142,9 +147,10 @@ class RowParallelLinear(nn.Module):
         self.weight = _shard_param(full.weight, Shard(1, dims.tp), dims.tp_rank)
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())  # replicated
         self.group = dims.tp_group
+        self.tp_exit = reduce_from_tp  # sequence parallelism swaps in a reduce-scatter (launcher/parallel/sequence.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        y = self.tp_exit(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
 
@@ -173,9 +179,11 @@ class VocabParallelHead(nn.Module):
         super().__init__()
         self.weight = embedding.weight  # the same Parameter: tied, as in the single-device model
         self.group = embedding.group
+        self.tp_enter = copy_to_tp  # sequence parallelism swaps in an all-gather (launcher/parallel/sequence.py)
+        self.tp_linear = F.linear  # as in ColumnParallelLinear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tp(x, self.group), self.weight)
+        return self.tp_linear(self.tp_enter(x, self.group), self.weight, None)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -250,13 +258,14 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> nn.Module:
                                model.config.vocab_size, dims.tp)
     if problems:
         raise ValueError("; ".join(problems))
-    def enter_region(_module, args):
-        return (copy_to_tp(args[0], dims.tp_group),) + tuple(args[1:])
+    def enter_region(module, args):
+        return (module.tp_enter(args[0], dims.tp_group),) + tuple(args[1:])
 
     for block in model.blocks:
         attn = block.attn
-        attn.register_forward_pre_hook(enter_region)
-        block.mlp.register_forward_pre_hook(enter_region)
+        for region in (attn, block.mlp):
+            region.tp_enter = copy_to_tp  # sequence parallelism swaps in an all-gather (launcher/parallel/sequence.py)
+            region.register_forward_pre_hook(enter_region)
         for name in ("q_proj", "k_proj", "v_proj"):
             setattr(attn, name, ColumnParallelLinear(getattr(attn, name), dims))
         attn.out_proj = RowParallelLinear(attn.out_proj, dims)

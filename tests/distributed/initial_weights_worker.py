@@ -1,5 +1,6 @@
 """Worker (run under torchrun by test_layouts.py): under every tensor-parallel degree that divides the world size,
-and under DeepSpeed ZeRO-3 and the pipeline (2 stages, alone and with tensor parallelism),
+under DeepSpeed ZeRO-3 and the pipeline (2 stages, alone and with tensor parallelism), and with sequence
+parallelism (tensor parallel 2 alone, under ZeRO-3 and with the pipeline),
 
 - the model each rank builds is exactly its slice of the single-process model, before and after an engine wraps it;
 - the monitors on those identical weights log the single-process tags, with the same values: spectral norms of the
@@ -64,11 +65,13 @@ def main() -> int:
     tokens = torch.randint(0, config.model.vocab_size, (2, 65), generator=torch.Generator().manual_seed(0))
     probe = (tokens[:, :-1], tokens[:, 1:])
     expected = monitor_values(config, single, probe) if base.rank == 0 else None
-    layouts = [(tp, 1, 0) for tp in (1, 2, 4) if world % tp == 0 and config.model.n_head % tp == 0]
-    layouts += [(1, 1, 3), (1, 2, 0), (2, 2, 0)] if world == 4 else []  # (tp, pp, zero_stage)
-    for tp, pp, zero_stage in layouts:
+    layouts = [(tp, 1, 0, False) for tp in (1, 2, 4) if world % tp == 0 and config.model.n_head % tp == 0]
+    # (tp, pp, zero_stage, sequence_parallel)
+    layouts += [(1, 1, 3, False), (1, 2, 0, False), (2, 2, 0, False)] if world == 4 else []
+    layouts += [(2, 1, 0, True), (2, 1, 3, True), (2, 2, 0, True)] if world == 4 else []
+    for tp, pp, zero_stage, sequence_parallel in layouts:
         config.parallel.tensor_parallel, config.parallel.pipeline_parallel = tp, pp
-        config.parallel.zero_stage = zero_stage
+        config.parallel.zero_stage, config.parallel.sequence_parallel = zero_stage, sequence_parallel
         dims = parallel_dims.build(config.parallel, world, base.rank, base.local_rank, base.device)
         model, _, _ = build_model(config, dims)
         engine = build_engine(model, config, dims)
@@ -76,7 +79,7 @@ def main() -> int:
         values = monitor_values(config, model, probe, dims, engine)
         if dims.is_logging_rank:
             layout = f"tp={tp} x dp={dims.dp}" + (f" x pp={pp}" if pp > 1 else "") + \
-                (f" zero{zero_stage}" if zero_stage else "")
+                (f" zero{zero_stage}" if zero_stage else "") + (" sp" if sequence_parallel else "")
             bad = [n for n, t in reference.items() if not torch.equal(full["model"][n], t)]
             if bad or set(full["model"]) != set(reference):
                 print(f"{layout}: differs from the single-process model in {bad or 'names'}", flush=True)

@@ -48,6 +48,7 @@ def test_fused_ffn_trains_like_the_plain_model(setup):
 
 @pytest.mark.parametrize("name, nproc, layout", [
     ("tp2", 2, ["parallel.tensor_parallel=2"]),
+    ("tp2_sp", 2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]),  # TE's sequence-parallel mode
     ("dp2", 2, []),
     ("dp2_zero1", 2, ["parallel.zero_stage=1"]),
     ("dp2_zero3", 2, ["parallel.zero_stage=3"]),

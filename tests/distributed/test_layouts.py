@@ -1,12 +1,13 @@
 """Every layout reproduces the single-process run (CPU, gloo, torchrun workers): tensor parallel 2, pipeline parallel
-2, tensor x pipeline 2 x 2, data parallel 2 under ZeRO 1, 2 and 3, and tensor x data parallel 2 x 2 (DDP and ZeRO-2),
-each with gradient accumulation (2 micro-batches per rank and step, 4 with one process or a pipeline of one data
+2, tensor x pipeline 2 x 2, data parallel 2 under ZeRO 1, 2 and 3, tensor x data parallel 2 x 2 (DDP and ZeRO-2), and
+sequence parallelism with tensor parallel 2 and with tensor x pipeline 2 x 2 (activation checkpointing), each with
+gradient accumulation (2 micro-batches per rank and step, 4 with one process or a pipeline of one data
 rank).
 
 The smoke model shrunk to seconds, FP32, the fixed arm (paper rounding with the safe dynamic_max fix, whose per-row
 shift depends on the global head index). Each layout trains steps 1-6, stops, and resumes to step 10 from its own
 checkpoint; its losses, evaluation and monitor values must match one process's uninterrupted run. Checkpoints are
-also resumed under another layout, and resuming within a layout is exact."""
+also resumed under another layout (with and without sequence parallelism), and resuming within a layout is exact."""
 
 import shutil
 
@@ -27,6 +28,11 @@ LAYOUTS = {  # name: (processes, overrides)
     "dp2_zero3": (2, ["parallel.zero_stage=3"]),
     "tp2_dp2": (4, ["parallel.tensor_parallel=2"]),
     "tp2_dp2_zero2": (4, ["parallel.tensor_parallel=2", "parallel.zero_stage=2"]),
+    # sequence parallelism; the pipeline one also recomputes its blocks (activation checkpointing) and overlaps the
+    # input-gradient reduce-scatter of the MLP and the output layer with their weight gradient
+    "tp2_sp": (2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]),
+    "tp2_pp2_sp": (4, ["parallel.tensor_parallel=2", "parallel.pipeline_parallel=2", "parallel.sequence_parallel=true",
+                       "parallel.activation_checkpointing=true", "parallel.tp_async_grad_reduce=true"]),
 }
 EXACT_RESUME = ("dp2_zero3", "tp2_dp2_zero2", "pp2")  # also trained without interruption, to compare bit for bit
 
@@ -131,6 +137,17 @@ def test_layout_matches_single_process(reference, layout_run, name):
             assert agrees(tag, got[tag][step], value, pipeline="pp" in name), (name, tag, step, got[tag][step], value)
 
 
+def test_sequence_parallel_equals_tensor_parallel(layout_run):
+    """Sequence parallelism moves where the LayerNorms, residuals and dropout run, not what they compute: its losses
+    are TP2's up to the order of a few sums (LayerNorm gradients summed per rank, then over the ranks)."""
+    sp, _ = layout_run("tp2_sp")
+    tp, _ = layout_run("tp2")
+    for tag in ("train/loss", "eval/loss"):
+        assert set(sp[tag]) == set(tp[tag])
+        for step, value in tp[tag].items():
+            assert close(sp[tag][step], value, 1e-6), (tag, step, sp[tag][step], value)
+
+
 @pytest.mark.parametrize("name", EXACT_RESUME)
 def test_resume_within_a_layout_is_exact(layout_run, name):
     resumed, straight = layout_run(name)
@@ -147,7 +164,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("source, target", [("tp2_dp2_zero2", "single"), ("single", "tp2_dp2"),
-                                            ("tp2_pp2", "tp2_dp2_zero2")])
+                                            ("tp2_pp2", "tp2_dp2_zero2"), ("tp2_sp", "single"), ("tp2", "tp2_sp")])
 def test_resume_under_another_layout(reference, layout_run, common, out_dir, source, target):
     """A step-6 checkpoint of one layout resumed under another reaches the same step-10 losses and Adam state."""
     if source in LAYOUTS:
@@ -179,7 +196,7 @@ def test_resume_under_another_layout(reference, layout_run, common, out_dir, sou
 def test_initial_weights_and_monitors_match_the_single_process_model():
     out = launch([], nproc=4, module="tests.distributed.initial_weights_worker").stdout
     for layout in ("tp=1 x dp=4", "tp=2 x dp=2", "tp=4 x dp=1", "tp=1 x dp=4 zero3", "tp=1 x dp=2 x pp=2",
-                   "tp=2 x dp=1 x pp=2"):
+                   "tp=2 x dp=1 x pp=2", "tp=2 x dp=2 sp", "tp=2 x dp=2 zero3 sp", "tp=2 x dp=1 x pp=2 sp"):
         assert f"{layout}: initial weights identical" in out, out
         assert f"{layout}: monitors agree" in out, out
 

@@ -63,6 +63,13 @@ def test_arm_override_from_cli():
     (["parallel.tensor_parallel=2", "model.n_head=1"], "model.n_head=1 is not divisible by parallel.tensor_parallel=2"),
     (["parallel.tensor_parallel=2", "model.vocab_size=1001"], "set model.vocab_size=1002"),
     (["monitor.delta_bias_layers=[7]"], "layers are 0..3"),
+    (["parallel.sequence_parallel=true"], "parallel.sequence_parallel=true splits the sequence over the "
+     "tensor-parallel group and needs parallel.tensor_parallel > 1 (it is 1); set parallel.tensor_parallel=2"),
+    (["parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "data.seq_len=127"],
+     "data.seq_len=127 is not divisible by parallel.tensor_parallel=2, which parallel.sequence_parallel=true needs "
+     "(each rank keeps seq_len / tensor_parallel positions); set data.seq_len=126"),
+    (["parallel.zero_reduce_bucket_size=0"],
+     "zero_allgather_bucket_size and zero_prefetch_bucket_size must be positive"),
     (["attention.delta_gain=-1"], "attention.delta_gain=-1.0 must be a finite number >= 0"),
     (["attention.delta_gain=.inf"], "attention.delta_gain=inf must be a finite number >= 0"),
     (["attention.delta_gain=nan"], "attention.delta_gain=nan must be a finite number >= 0"),
@@ -162,6 +169,24 @@ def test_fp8_layouts_are_validated_up_front():
         load_config("smoke", fp8 + ["model.d_model=72", "model.n_head=1"])
     with pytest.raises(ConfigError, match="precision.fp8_recipe='mx' is not one of: delayed, current, block"):
         load_config("smoke", fp8 + ["precision.fp8_recipe=mx"])
+
+
+def test_overlap_settings_reach_deepspeed_with_its_own_defaults():
+    """The typed overlap fields become DeepSpeed's zero_optimization section; by default they are DeepSpeed's own
+    values (overlap_comm left to DeepSpeed, which turns it on for stage 3 only), so the defaults change nothing."""
+    from launcher.parallel.dims import ParallelDims
+    from launcher.parallel.engine import deepspeed_config
+
+    dims = ParallelDims()
+    section = deepspeed_config(load_config("smoke", ["parallel.zero_stage=2"]), dims, 2)["zero_optimization"]
+    assert section == {"stage": 2, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000,
+                       "allgather_bucket_size": 500_000_000}
+    config = load_config("smoke", ["parallel.zero_stage=3", "parallel.zero_overlap_comm=false",
+                                   "parallel.zero_reduce_bucket_size=20000000",
+                                   "parallel.zero_prefetch_bucket_size=1000"])
+    section = deepspeed_config(config, dims, 3)["zero_optimization"]
+    assert section["overlap_comm"] is False and section["reduce_bucket_size"] == 20_000_000
+    assert section["stage3_prefetch_bucket_size"] == 1000
 
 
 def test_fused_fp8_parameters_keep_the_plain_model_names():
