@@ -38,7 +38,8 @@ from torch import nn
 from launcher.config import ConfigError, PrecisionConfig
 from launcher.fp8 import load_scaling_state, scaling_state
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import ADAM_STATE_KEYS, Engine, named_parameters
+from launcher.parallel.engine import ADAM_STATE_KEYS, Engine
+from launcher.parallel.names import named_parameters
 from launcher.parallel.tensor import gather_full, shard_of
 
 KEEP = 2  # checkpoints kept per arm: the newest and one before it
@@ -315,7 +316,8 @@ def check_fits(state: dict, model: nn.Module, dims: ParallelDims, path: Path) ->
 
 @torch.no_grad()
 def load_parameters(model: nn.Module, state: dict, dims: ParallelDims) -> None:
-    """Copy this rank's slice of every saved parameter into the (not yet engine-wrapped) model."""
+    """Copy every saved parameter into ``model`` before launcher/parallelize.py splits it (this rank's slice, if it is
+    split already)."""
     for name, param in named_parameters(model):
         param.copy_(_local(state["model"][name], param, dims))
 
