@@ -29,7 +29,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher import distributed
-from launcher.checkpoint import (CheckpointStore, check_fits, gather_training_state, load_fp8_scaling,
+from launcher.checkpoint import (CheckpointStore, HashingWriter, check_fits, gather_training_state, load_fp8_scaling,
                                  load_optimizer_state, load_parameters, rng_state, set_rng_state)
 from launcher.config import Config, ConfigError, OptimConfig, changes_refusal, config_changes, resolve_vocab_size
 from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
@@ -180,9 +180,10 @@ def build_model(config: Config) -> tuple[GPT, int, float]:
 
 
 class Trainer:
-    """One arm of an experiment on one layout (see the module docstring)."""
+    """One arm of an experiment on one layout (see the module docstring). ``checkpoint_writer``: how checkpoint bytes
+    reach the file (launcher/checkpoint.py; tests inject a writer that pauses mid-save)."""
 
-    def __init__(self, config: Config, dims: ParallelDims):
+    def __init__(self, config: Config, dims: ParallelDims, checkpoint_writer=HashingWriter):
         self.data = open_data(config, dims)
         # model.vocab_size=0 (take the data's) becomes a number here: this trainer's config, the caller's unchanged
         self.config = config = resolve_vocab_size(config, self.data.vocab_size)
@@ -194,7 +195,7 @@ class Trainer:
         self.backend = resolve_backend(config.attention, dims.device)
         model, self.n_params, flops_per_token = build_model(config)
 
-        self.store = CheckpointStore(self.run_dir)
+        self.store = CheckpointStore(self.run_dir, checkpoint_writer)
         self.lock = None
         latest = None
         if dims.is_logging_rank:  # one process group per run folder; then the folder's earlier run, if any
@@ -419,6 +420,6 @@ class Trainer:
             self.metrics.print(f"monitors' last values written to {dump}")
 
 
-def train_arm(config: Config, dims: ParallelDims) -> ArmResult:
+def train_arm(config: Config, dims: ParallelDims, checkpoint_writer=HashingWriter) -> ArmResult:
     """Build the arm's trainer and run it."""
-    return Trainer(config, dims).fit()
+    return Trainer(config, dims, checkpoint_writer).fit()
