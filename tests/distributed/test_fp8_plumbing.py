@@ -77,19 +77,20 @@ def test_layout_with_fp8_trains_like_one_process(setup, name, nproc, layout):
 @pytest.mark.parametrize("recipe", ["current", "block"])
 def test_pipeline_with_activation_checkpointing_and_fp8_trains_the_fp8_modules(setup, recipe):
     """Pipeline + activation checkpointing + FP8 FFNs (the stateless recipes; validation refuses delayed with
-    checkpointing): the FP8 FFNs must be swapped into the blocks before they are wrapped for recomputation, or the
-    wrapper holds the FP8 modules while the wrapped blocks run (and train) the old ones (issue 20). The fake's
-    arithmetic is the plain one, so the losses alone cannot tell: the FFN weights' spectral norms, read from the FP8
-    modules by the monitors, must follow one process's too."""
+    checkpointing). The FP8 FFNs must be swapped into the blocks before they are wrapped for recomputation, or the
+    wrapper holds the FP8 modules while the wrapped blocks run (and train) the old ones (issue 20). Recomputation
+    changes no arithmetic, so the run must equal the same pipeline without checkpointing bit for bit: losses,
+    evaluation, and the monitors, which read the FFN weights from the FP8 modules (their spectral norms would stay
+    at the initial weights' if those modules did not train)."""
     out, common = setup
-    name = f"pp2_checkpointed_{recipe}"
-    launch([*common, "parallel.pipeline_parallel=2", "parallel.activation_checkpointing=true",
-            "precision.fp8_ffn=true", f"precision.fp8_recipe={recipe}", f"run.experiment={name}"], nproc=2,
+    layout = [*common, "parallel.pipeline_parallel=2", "precision.fp8_ffn=true", f"precision.fp8_recipe={recipe}"]
+    launch([*layout, f"run.experiment=pp2_{recipe}"], nproc=2, module=WORKER, timeout=TIMEOUT)
+    launch([*layout, "parallel.activation_checkpointing=true", f"run.experiment=pp2_{recipe}_checkpointed"], nproc=2,
            module=WORKER, timeout=TIMEOUT)
-    one, many = all_scalars(out / "plain" / "fixed"), all_scalars(out / name / "fixed")
-    assert sorted(many["train/loss"]) == list(range(1, STEPS + 1))
-    ffn_tags = [t for t in one if t.startswith("spectral/") and t.endswith(("/fc_in", "/fc_out"))]
-    assert len(ffn_tags) == 4  # two layers, both matrices
-    for tag in ["train/loss", *ffn_tags]:
-        for step, value in one[tag].items():
-            assert abs(many[tag][step] - value) <= 1e-4 * abs(value), (tag, step, many[tag][step], value)
+    plain = all_scalars(out / f"pp2_{recipe}" / "fixed")
+    checkpointed = all_scalars(out / f"pp2_{recipe}_checkpointed" / "fixed")
+    assert sorted(checkpointed["train/loss"]) == list(range(1, STEPS + 1))
+    assert any(t.startswith("spectral/") and t.endswith("/fc_in") for t in plain)
+    for tag, series in plain.items():
+        if not tag.startswith(("perf/", "monitor/")):  # timings
+            assert checkpointed[tag] == series, tag
