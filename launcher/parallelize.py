@@ -46,6 +46,8 @@ def parallelize(model: GPT, config: Config, dims: ParallelDims) -> Part:
     """Apply the layout of ``config`` to ``model`` in the order of the module docstring; returns this rank's part.
     Every rank must call it (cutting a pipeline stage creates process groups)."""
     apply_tensor_parallel(model, dims)
+    # SEQUENCE PARALLELISM HOOK: parallel.sequence_parallel (launcher/parallel/tensor.py) applies here, right after
+    # the tensor split it extends and before anything binds to the split modules
     bind_attention(model, config, dims)
     part = place(model, config, dims)
     blocks = blocks_of(part)
