@@ -6,7 +6,7 @@
 Measures (a) the median time of a full optimizer step of the recipe (all micro-batches of global_batch_size on this
 one device, forward/backward under the trainer's autocast, clipping, fused AdamW on GPU), and (b) the median wall time
 of one spectral-norm call and one probe call (activations, attention diagnostics, delta bias) of
-``launcher.monitors.Monitors`` including their TensorBoard writes, after the one-time first call. The amortised
+``launcher.monitors.monitors.Monitors`` including their TensorBoard writes, after the one-time first call. The amortised
 overhead is spectral_call / monitor.spectral_interval + probe_call / monitor.probe_interval, reported in ms per step
 and as a fraction of the step time. Tokens are random (the costs do not depend on the text); no data set is needed.
 Runs in well under two minutes for gpt2_small_paper on one H200; ``--recipe smoke`` is a CPU-sized check.
@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from launcher.monitors import Monitors, tags
+    from launcher.monitors import tags
+    from launcher.monitors.monitors import Monitors
     from torch.utils.tensorboard import SummaryWriter
 
     device = torch.device("cuda" if torch.cuda.is_available() and config.run.device != "cpu" else "cpu")

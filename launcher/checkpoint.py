@@ -26,9 +26,8 @@ import json
 import os
 import random
 import re
-import time
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Callable, Optional
 
 import numpy as np
 import torch
@@ -38,7 +37,8 @@ from torch import nn
 from launcher.config import ConfigError, PrecisionConfig
 from launcher.fp8 import load_scaling_state, scaling_state
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import ADAM_STATE_KEYS, Engine, named_parameters
+from launcher.parallel.engine import ADAM_STATE_KEYS, Engine
+from launcher.parallel.names import named_parameters
 from launcher.parallel.tensor import gather_full, shard_of
 
 KEEP = 2  # checkpoints kept per arm: the newest and one before it
@@ -72,21 +72,16 @@ class CheckpointError(ConfigError):
     """A checkpoint that cannot be used; the message names the file and says what to do."""
 
 
-class _HashingWriter:
+class HashingWriter:
     """File object for torch.save that hashes the bytes as they are written (no second read of a large file)."""
 
-    def __init__(self, f, pause_s: float):
-        self.f, self.sha, self.size, self.pause_s = f, hashlib.sha256(), 0, pause_s
+    def __init__(self, f: BinaryIO):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
 
     def write(self, data) -> int:
         self.f.write(data)
         self.sha.update(data)
         self.size += len(data)
-        if self.pause_s:  # the test hook (see CheckpointStore.save): stop mid-file once, with a part on disk
-            self.f.flush()
-            print(f"[checkpoint] test pause: {self.size} bytes written, sleeping {self.pause_s}s", flush=True)
-            time.sleep(self.pause_s)
-            self.pause_s = 0
         return len(data)
 
     def flush(self) -> None:
@@ -105,10 +100,14 @@ class CheckpointStore:
     So a step file without its checksum file, or one whose size or checksum differs from it, is damaged (a torn
     write, a full disk, a half-copied folder, a bad block). On resume :meth:`resumable` verifies the newest checkpoint
     and falls back to the newest intact one; the damaged ones are renamed ``*.damaged`` so that they never shadow a
-    good one again and stay for inspection until pruning passes them."""
+    good one again and stay for inspection until pruning passes them.
 
-    def __init__(self, run_dir: Path):
+    ``writer`` wraps the open temporary file for torch.save (a test passes one that pauses mid-write, so that a
+    fault test can kill the process inside a save: tests/paused_save_worker.py)."""
+
+    def __init__(self, run_dir: Path, writer: Callable[[BinaryIO], HashingWriter] = HashingWriter):
         self.dir = run_dir / "checkpoints"
+        self.writer = writer
 
     def steps(self) -> list[Path]:
         """Every checkpoint file, oldest first (intact or not)."""
@@ -192,17 +191,14 @@ class CheckpointStore:
     def save(self, step: int, state: dict) -> Path:
         """Write to a temporary name, flush it, record its size and checksum (flushed), then rename it into place
         and flush the folder: a crash at any point leaves every earlier checkpoint intact and at most one file that
-        :meth:`problem` rejects.
-
-        Test hook: ``CHECKPOINT_TEST_PAUSE_S=<seconds>`` sleeps once after the first bytes are written, so a fault
-        test can kill the process in the middle of a save (tests/distributed/test_faults.py)."""
+        :meth:`problem` rejects."""
         path = self.dir / f"step_{step:08d}.pt"
         tmp = path.with_suffix(".tmp")
         sum_tmp = self.dir / (self._sum_file(path).name + ".tmp")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                writer = _HashingWriter(f, float(os.environ.get("CHECKPOINT_TEST_PAUSE_S", "0") or 0))
+                writer = self.writer(f)
                 torch.save(state, writer)
                 f.flush()
                 os.fsync(f.fileno())
@@ -315,7 +311,8 @@ def check_fits(state: dict, model: nn.Module, dims: ParallelDims, path: Path) ->
 
 @torch.no_grad()
 def load_parameters(model: nn.Module, state: dict, dims: ParallelDims) -> None:
-    """Copy this rank's slice of every saved parameter into the (not yet engine-wrapped) model."""
+    """Copy every saved parameter into ``model`` before launcher/parallelize.py splits it (this rank's slice, if it is
+    split already)."""
     for name, param in named_parameters(model):
         param.copy_(_local(state["model"][name], param, dims))
 

@@ -604,8 +604,6 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
     if config.precision.fp8_ffn:
         problems += _fp8_problems(m, p, config.precision.fp8_recipe)
     if p.tensor_parallel > 1 and m.n_head > 0 and m.d_model > 0:
-        from launcher.parallel.tensor import check_divisible
-
         problems += check_divisible(m.n_head, m.ffn_mult * m.d_model, m.vocab_size, p.tensor_parallel)
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
         problems.append(f"optim.lr={o.lr} must be > 0 and optim.min_lr={o.min_lr} in [0, lr]")
@@ -722,10 +720,54 @@ def environment_problems(config: Config) -> list[str]:
     return problems
 
 
+def check_layout(world_size: int, parallel: ParallelConfig) -> list[str]:
+    """Problems (each saying what to change) with laying ``world_size`` processes out as dp x tp x pp."""
+    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if tp < 1 or pp < 1:
+        return ["parallel.tensor_parallel and parallel.pipeline_parallel must be >= 1"]
+    if world_size % (tp * pp):
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        return [f"{world_size} process(es) cannot be split into tensor_parallel={tp} x pipeline_parallel={pp} x "
+                f"data parallel: tensor_parallel x pipeline_parallel must divide the process count; "
+                f"products that do: {', '.join(map(str, fits))}"]
+    return []
+
+
+def check_divisible(n_head: int, ffn_hidden: int, vocab_size: Optional[int], tp: int) -> list[str]:
+    """Problems (each with what to change) that prevent splitting the model over ``tp`` ranks."""
+    problems = []
+    if tp <= 1:
+        return problems
+    if n_head % tp:
+        problems.append(f"model.n_head={n_head} is not divisible by parallel.tensor_parallel={tp} (each rank takes "
+                        f"whole heads); choose a head count that is a multiple of {tp} or another tensor_parallel")
+    if ffn_hidden % tp:
+        problems.append(f"the FFN width {ffn_hidden} (model.ffn_mult x model.d_model) is not divisible by "
+                        f"parallel.tensor_parallel={tp}; change model.d_model or tensor_parallel")
+    if vocab_size and vocab_size % tp:
+        padded = -(-vocab_size // tp) * tp
+        problems.append(f"the vocabulary ({vocab_size}) is not divisible by parallel.tensor_parallel={tp}; set "
+                        f"model.vocab_size={padded} (ids above the data's vocabulary are never used)")
+    return problems
+
+
+def resolve_vocab_size(config: Config, data_vocab_size: int) -> Config:
+    """``config`` with ``model.vocab_size`` resolved against the data's vocabulary (0: take the data's), as a new
+    Config (the given one is left as it is). Raises ConfigError if the model's vocabulary is smaller than the data's
+    or does not split over the tensor-parallel ranks (checked here because 0 is only known once the data is open)."""
+    m = config.model
+    if m.vocab_size and m.vocab_size < data_vocab_size:
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the data's vocabulary "
+                          f"({data_vocab_size}); set model.vocab_size=0 to take it from the data")
+    vocab_size = m.vocab_size or data_vocab_size
+    problems = check_divisible(m.n_head, m.ffn_mult * m.d_model, vocab_size, config.parallel.tensor_parallel)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return dataclasses.replace(config, model=dataclasses.replace(m, vocab_size=vocab_size))
+
+
 def layout_problems(config: Config, world_size: int) -> list[str]:
     """Problems of running ``config`` on ``world_size`` processes, each naming values that work."""
-    from launcher.parallel.dims import check_layout
-
     p, d = config.parallel, config.data
     problems = check_layout(world_size, p)
     if problems:

@@ -17,7 +17,7 @@ Layouts:
   micro-batches would hang (TransformerEngine#1006, Megatron-LM#912).
 
 Names: the fused module's parameters are reported under the plain model's names (``blocks.3.ln2.weight``,
-``blocks.3.mlp.fc_in.weight``, ...; :func:`canonical_name`), so checkpoints, monitors and layouts see one model.
+``blocks.3.mlp.fc_in.weight``, ...; launcher/parallel/names.py), so checkpoints, monitors and layouts see one model.
 The plain model's LayerNorms have no bias; TE's LayerNorm always adds one, which then is a constant zero buffer.
 
 Delayed scaling keeps state (per-tensor scales and amax histories). :func:`scaling_state` /
@@ -39,10 +39,6 @@ from launcher.parallel.tensor import mark_sharded, shard_of
 
 RECIPES = ("delayed", "current", "block")
 
-# fused module's parameter -> the plain model's name, relative to a block
-_FUSED_NAMES = {"mlp.fused.layer_norm_weight": "ln2.weight", "mlp.fused.layer_norm_bias": "ln2.bias",
-                "mlp.fused.fc1_weight": "mlp.fc_in.weight", "mlp.fused.fc1_bias": "mlp.fc_in.bias",
-                "mlp.fused.fc2_weight": "mlp.fc_out.weight", "mlp.fused.fc2_bias": "mlp.fc_out.bias"}
 # checkpoint key -> (TE's fp8_meta entry, attribute of its recipe state)
 _SCALING_TENSORS = {"scale_fwd": ("scaling_fwd", "scale"), "amax_history_fwd": ("scaling_fwd", "amax_history"),
                     "scale_bwd": ("scaling_bwd", "scale"), "amax_history_bwd": ("scaling_bwd", "amax_history")}
@@ -74,14 +70,6 @@ def make_recipe(precision: PrecisionConfig):
     return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
 
 
-def canonical_name(name: str) -> str:
-    """The plain model's name of a parameter of a fused FP8 FFN (other names are returned unchanged)."""
-    head, sep, tail = name.rpartition(".mlp.fused.")
-    if not sep:
-        return name
-    return f"{head}.{_FUSED_NAMES['mlp.fused.' + tail]}"
-
-
 class _WeightView:
     """Stands in for ``mlp.fc_in`` / ``mlp.fc_out`` where code reads a linear layer's ``weight`` (the monitors)."""
 
@@ -100,7 +88,7 @@ class FP8FeedForward(nn.Module):
         # sequence parallelism (launcher/parallel/sequence.py) marked the block's LayerNorm: TE's own mode then
         # all-gathers the LayerNorm output and reduce-scatters fc2's
         sequence_parallel = is_sequence_parallel(ln.weight)
-        self.fused = te.LayerNormMLP(
+        self.fused = te.LayerNormMLP(  # 'mlp.fused': the name launcher/parallel/names.py maps back
             fc_in.in_features, hidden, eps=ln.eps, bias=fc_in.bias is not None, normalization="LayerNorm",
             activation="gelu",  # TE's GELU is the tanh approximation, as in model.gpt.MLP
             set_parallel_mode=dims.tp > 1, tp_group=dims.tp_group if dims.tp > 1 else None, tp_size=dims.tp,

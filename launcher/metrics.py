@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from launcher.monitors import tags
+
+if TYPE_CHECKING:
+    import torch  # imported where it is used: the tag names and this module load without torch
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0}
 
@@ -23,6 +25,8 @@ def peak_tflops(configured: float, device: torch.device) -> float:
         return configured
     if device.type != "cuda":
         return 0.0
+    import torch
+
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 0.0)
 
@@ -76,6 +80,8 @@ class Metrics:
             self.writer.add_scalar(tag, value, step)
         if not math.isnan(mfu):
             self.writer.add_scalar(tags.MFU, mfu, step)
+        import torch  # loaded by the writer already
+
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # this process's GPU, the peak since start
             self.writer.add_scalar(tags.MAX_MEMORY_GB, torch.cuda.max_memory_allocated() / 2**30, step)
         mfu_text = f"{100 * mfu:.1f}%" if not math.isnan(mfu) else "n/a"

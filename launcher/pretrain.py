@@ -19,6 +19,7 @@ from typing import Optional
 import yaml
 
 from launcher import distributed
+from launcher.checkpoint import HashingWriter
 from launcher.compare import CompareError
 from launcher.config import ConfigError, arm_names, build_config, describe, environment_problems, load_recipe
 from launcher.data import DataError
@@ -94,7 +95,9 @@ def cpu_warning(config) -> Optional[str]:
             f"{min(config.run.log_interval, config.run.max_steps)}. Use a GPU, or a small recipe (smoke) on a CPU")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> int:
+    """The command line; ``checkpoint_writer`` is passed on to the trainer (launcher/checkpoint.py; tests inject a
+    writer that pauses mid-save, tests/paused_save_worker.py)."""
     args = parse_args(argv)
     dims = current = None
     try:
@@ -124,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 warning = cpu_warning(config)
                 if warning:
                     print(f"[{config.run.arm}] {warning}", flush=True)
-            results.append(train_arm(config, dims))
+            results.append(train_arm(config, dims, checkpoint_writer))
             if results[-1].status == "interrupted":
                 break  # the user asked to stop: do not start the next arm
         if dims.is_logging_rank and not args.no_report and results[-1].status != "interrupted":

@@ -38,6 +38,7 @@ from kernels.reference import exact_attention
 from launcher.monitors.delta_bias import delta_difference, saved_output
 from launcher.monitors.probe import run_probe
 from launcher.parallel.dims import ParallelDims
+from launcher.parallelize import bind_attention
 from launcher.trainer import autocast_factory, build_model, open_data
 
 
@@ -74,8 +75,9 @@ def load_model(run_dir: Path, checkpoint: Path, device: torch.device):
     config = build_config(tree, tree.get("run", {}).get("arm"))
     config.precision.fp8_ffn = False  # the probe looks at attention; BF16 FFNs need no Transformer Engine
     dims = ParallelDims(device=device)
-    model, _, _ = build_model(config, dims)
+    model, _, _ = build_model(config)
     load_parameters(model, CheckpointStore(run_dir).load(checkpoint), dims)
+    bind_attention(model, config, dims)  # one process: of the layout's steps only the attention applies
     return config, model.to(device).eval()
 
 

@@ -1,8 +1,10 @@
 """Training of one arm, in small named pieces: build, one optimizer step, evaluation, checkpointing, the loop.
 
-``Trainer(config, dims)`` builds everything in torchtitan's order: the full single-device model from the run's seed
-(so every layout starts from the same weights), tensor parallelism, FP8, activation checkpointing, the resumed
-weights, then the engine (DDP or DeepSpeed ZeRO; launcher/parallel/engine.py) and the resumed optimizer state.
+``Trainer(config, dims)`` builds everything in torchtitan's order: the config's vocabulary resolved against the data,
+the full single-device model from the run's seed (so every layout starts from the same weights) with the resumed
+weights, the layout applied to it (launcher/parallelize.py: tensor parallelism, attention, device, FP8, activation
+checkpointing, ZeRO-3 switches), then the engine around this rank's part (DDP, DeepSpeed ZeRO or the pipeline;
+launcher/parallel/build.py) and the resumed optimizer state.
 ``Trainer.fit()`` runs the loop: :meth:`train_step` (one optimizer step over its micro-batches, vetoed by the guard
 before the update), monitors, :meth:`evaluate`, :meth:`save_checkpoint` and the stop check.
 
@@ -27,18 +29,18 @@ import torch.distributed as dist
 import yaml
 
 from launcher import distributed
-from launcher.checkpoint import (CheckpointStore, check_fits, gather_training_state, load_fp8_scaling,
+from launcher.checkpoint import (CheckpointStore, HashingWriter, check_fits, gather_training_state, load_fp8_scaling,
                                  load_optimizer_state, load_parameters, rng_state, set_rng_state)
-from launcher.config import Config, ConfigError, OptimConfig, changes_refusal, config_changes
+from launcher.config import Config, ConfigError, OptimConfig, changes_refusal, config_changes, resolve_vocab_size
 from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
 from launcher.metrics import Metrics, peak_tflops
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import Engine, autocast_dtype, build_engine
-from launcher.parallel.sequence import apply_async_grad_reduce, apply_sequence_parallel
-from launcher.parallel.tensor import apply_tensor_parallel, check_divisible, head_range
+from launcher.parallel.build import build_engine
+from launcher.parallel.engine import Engine, autocast_dtype
+from launcher.parallelize import parallelize
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
-from model import GPT, build_attention, resolve_backend
+from model import GPT, resolve_backend
 
 
 class StopRequested:
@@ -169,46 +171,31 @@ def open_data(config: Config, dims: ParallelDims) -> TokenData:
     return data
 
 
-def build_model(config: Config, dims: ParallelDims) -> tuple[GPT, int, float]:
-    """This rank's model on the CPU: the full single-device GPT from the run's seed, split over the tensor-parallel
-    group (and the sequence, with parallel.sequence_parallel). Also returns the full model's parameter count and
-    training FLOPs per token (for MFU)."""
+def build_model(config: Config) -> tuple[GPT, int, float]:
+    """The full single-device GPT from the run's seed, on the CPU, on every rank (launcher/parallelize.py then applies
+    the layout). Also returns its parameter count and training FLOPs per token (for MFU)."""
     torch.manual_seed(config.run.seed)  # the same initial weights in every arm and every layout
     model = GPT(config.model)
-    n_params, flops_per_token = model.num_parameters(), model.flops_per_token(config.data.seq_len)
-    apply_tensor_parallel(model, dims)
-    if config.parallel.sequence_parallel:  # right after tensor parallelism, which it extends
-        apply_sequence_parallel(model, dims)
-    if config.parallel.tp_async_grad_reduce and dims.tp > 1:
-        apply_async_grad_reduce(model, dims, config.parallel.sequence_parallel)
-    first_head, heads = head_range(config.model.n_head, dims)
-    model.set_attention(build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads))
-    return model, n_params, flops_per_token
+    return model, model.num_parameters(), model.flops_per_token(config.data.seq_len)
 
 
 class Trainer:
-    """One arm of an experiment on one layout (see the module docstring)."""
+    """One arm of an experiment on one layout (see the module docstring). ``checkpoint_writer``: how checkpoint bytes
+    reach the file (launcher/checkpoint.py; tests inject a writer that pauses mid-save)."""
 
-    def __init__(self, config: Config, dims: ParallelDims):
-        self.config, self.dims = config, dims
-        self.run_dir = config.run_dir
+    def __init__(self, config: Config, dims: ParallelDims, checkpoint_writer=HashingWriter):
         self.data = open_data(config, dims)
-        if config.model.vocab_size == 0:
-            config.model.vocab_size = self.data.vocab_size
-        elif config.model.vocab_size < self.data.vocab_size:
-            raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the data's vocabulary "
-                              f"({self.data.vocab_size}); set model.vocab_size=0 to take it from the data")
-        problems = check_divisible(config.model.n_head, config.model.ffn_mult * config.model.d_model,
-                                   config.model.vocab_size, dims.tp)
-        if problems:
-            raise ConfigError("; ".join(problems))
+        # model.vocab_size=0 (take the data's) becomes a number here: this trainer's config, the caller's unchanged
+        self.config = config = resolve_vocab_size(config, self.data.vocab_size)
+        self.dims = dims
+        self.run_dir = config.run_dir
         self.schedule = BatchSchedule(self.data, config.run.seed, config.data.seq_len, config.data.global_batch_size,
                                       config.data.micro_batch_size, dims.dp_rank, dims.dp,
                                       config.data.replay_from or None, config.run.max_steps)
         self.backend = resolve_backend(config.attention, dims.device)
-        model, self.n_params, flops_per_token = build_model(config, dims)
+        model, self.n_params, flops_per_token = build_model(config)
 
-        self.store = CheckpointStore(self.run_dir)
+        self.store = CheckpointStore(self.run_dir, checkpoint_writer)
         self.lock = None
         latest = None
         if dims.is_logging_rank:  # one process group per run folder; then the folder's earlier run, if any
@@ -231,7 +218,7 @@ class Trainer:
         if state is not None:
             check_fits(state, model, dims, latest)
             load_parameters(model, state, dims)
-        self.engine: Engine = build_engine(model, config, dims, self.run_dir)
+        self.engine: Engine = build_engine(parallelize(model, config, dims), config, dims, self.run_dir)
         self.model = self.engine.model  # on the device; under pipeline parallelism, this rank's stage
         self.guard = Guard(config)
         self.start_step = 0
@@ -291,7 +278,7 @@ class Trainer:
         config = self.config
         if not (config.monitor.spectral_interval or config.monitor.probe_interval):
             return None
-        from launcher.monitors import Monitors
+        from launcher.monitors.monitors import Monitors
 
         probe_batch = windows(self.data.val, eval_offsets(len(self.data.val), config.data.seq_len,
                                                           config.monitor.probe_batch_size), config.data.seq_len)
@@ -433,6 +420,6 @@ class Trainer:
             self.metrics.print(f"monitors' last values written to {dump}")
 
 
-def train_arm(config: Config, dims: ParallelDims) -> ArmResult:
+def train_arm(config: Config, dims: ParallelDims, checkpoint_writer=HashingWriter) -> ArmResult:
     """Build the arm's trainer and run it."""
-    return Trainer(config, dims).fit()
+    return Trainer(config, dims, checkpoint_writer).fit()

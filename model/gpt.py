@@ -5,7 +5,8 @@ tied input/output embeddings, a GELU MLP, optional biases and GPT-2 initialisati
 projections. Nothing here knows about process groups, FP8 or the training loop: tensor/pipeline parallelism and
 FP8 are applied from outside (launcher/), by swapping or wrapping the named submodules below.
 
-Module names are part of the contract with the monitors and with the tensor-parallel plan (launcher/parallel/):
+Module names are part of the contract with the monitors, the checkpoints and the code that applies a layout
+(launcher/parallelize.py: tensor parallelism, FP8, activation checkpointing, the pipeline's stages):
 ``blocks.{i}.attn.{q_proj,k_proj,v_proj,out_proj}`` and ``blocks.{i}.mlp.{fc_in,fc_out}``.
 """
 

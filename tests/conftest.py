@@ -1,6 +1,7 @@
-"""Shared fixtures. Tiers: tests/unit (CPU, in-process), tests/integration (subprocess runs of the launcher's tools),
-tests/distributed (CPU, several gloo processes), tests/slurm (jobs submitted to a SLURM started on this machine),
-tests/gpu (marked gpu; skipped without a CUDA GPU)."""
+"""Shared fixtures of the five test tiers: tests/unit (CPU, in-process), tests/integration (subprocess runs of the
+launcher's tools), tests/distributed (CPU, several gloo processes under torchrun; marked distributed), tests/slurm
+(jobs submitted to a SLURM started on this machine; marked slurm, skipped without one), tests/gpu (marked gpu;
+skipped without a CUDA GPU)."""
 
 import os
 import sys

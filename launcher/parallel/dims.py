@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from launcher.config import ConfigError, ParallelConfig
+from launcher.config import ConfigError, ParallelConfig, check_layout
 
 
 @dataclass
@@ -99,19 +99,6 @@ class ParallelDims:
 
     def get_data_parallel_group_ranks(self) -> list[int]:
         return list(self.dp_ranks)
-
-
-def check_layout(world_size: int, parallel: ParallelConfig) -> list[str]:
-    """Problems (each saying what to change) with laying ``world_size`` processes out as dp x tp x pp."""
-    tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
-    if tp < 1 or pp < 1:
-        return ["parallel.tensor_parallel and parallel.pipeline_parallel must be >= 1"]
-    if world_size % (tp * pp):
-        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        return [f"{world_size} process(es) cannot be split into tensor_parallel={tp} x pipeline_parallel={pp} x "
-                f"data parallel: tensor_parallel x pipeline_parallel must divide the process count; "
-                f"products that do: {', '.join(map(str, fits))}"]
-    return []
 
 
 def build(parallel: ParallelConfig, world_size: int, rank: int, local_rank: int, device: torch.device) -> ParallelDims:

@@ -1,5 +1,9 @@
 """One optimizer step behind one interface, whatever wraps the model: plain PyTorch / DDP, or DeepSpeed ZeRO.
 
+Engines only wrap: the model arrives with tensor parallelism, attention, device, FP8, activation checkpointing and
+the ZeRO-3 switches already applied (launcher/parallelize.py), and no engine changes it. The pipeline engine is in
+pipeline.py; launcher/parallel/build.py picks the engine of a layout.
+
 The trainer calls, per optimizer step::
 
     loss = engine.forward_backward(micro_batches, autocast)   # gradients, reduced over data-parallel ranks
@@ -36,10 +40,10 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
+from launcher.parallel.names import named_parameters
 from launcher.parallel.tensor import shard_of
 
 ADAM_STATE_KEYS = ("exp_avg", "exp_avg_sq")
-CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # inserted by torch's activation-checkpoint wrapper
 
 
 def autocast_dtype(config: Config, device: torch.device) -> str:
@@ -47,18 +51,6 @@ def autocast_dtype(config: Config, device: torch.device) -> str:
     than FP32 on the CPUs this recipe runs its tests on)."""
     dtype = config.precision.dtype
     return ("bf16" if device.type == "cuda" else "fp32") if dtype == "auto" else dtype
-
-
-def param_name(name: str) -> str:
-    """The single-device model's name of a parameter (activation-checkpoint wrappers removed, FP8 FFN parameters
-    under the names of the plain modules they replace)."""
-    from launcher.fp8 import canonical_name
-
-    return canonical_name(name.replace(CHECKPOINT_PREFIX, ""))
-
-
-def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(param_name(n), p) for n, p in model.named_parameters()]
 
 
 def build_optimizer(model: nn.Module, config: Config, device: torch.device) -> torch.optim.AdamW:
@@ -90,11 +82,14 @@ def tensor_parallel_grad_norm(params: list[nn.Parameter], dims: ParallelDims) ->
 
 
 class Engine:
-    """Interface of an engine (see the module docstring); ``model`` is the module it trains (the plain, possibly
-    tensor-split model, or a pipeline stage)."""
+    """Interface of an engine (see the module docstring); ``model`` is the module it trains: what
+    launcher/parallelize.py made of the model (the whole model, or under a pipeline this rank's stage), wrapped here,
+    never changed."""
 
     model: nn.Module
     dims: ParallelDims
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage of the optimizer (0: none)."""
 
     def train_step(self, micro_batches: list[tuple[torch.Tensor, ...]],
                    autocast: Callable[[], contextlib.AbstractContextManager], lr: float,
@@ -142,14 +137,6 @@ class Engine:
     def blocks(self) -> dict[int, nn.Module]:
         """This rank's transformer blocks by global layer index."""
         return dict(enumerate(self.model.blocks))
-
-    def probe(self, batch: tuple[torch.Tensor, torch.Tensor], autocast: Callable[[], contextlib.AbstractContextManager],
-              grad_layers: list[int], backward: bool):
-        """The monitors' probe pass over this rank's blocks (launcher/monitors/probe.py); ``backward``: whether any
-        layer of the model needs dO (matters under a pipeline)."""
-        from launcher.monitors.probe import run_probe
-
-        return run_probe(self.model, batch, autocast, grad_layers)
 
     def gathered(self, params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
         """Context in which ``params`` hold their full data-parallel values (ZeRO-3 partitions them)."""
@@ -252,16 +239,9 @@ class ZeroEngine(Engine):
 
     def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
         self.model, self.dims, self.config = model, dims, config
-        self.stage = config.parallel.zero_stage
-        if self.stage == 3:
-            from model.gpt import CausalSelfAttention
-
-            # ZeRO-3 gathers a module's parameters in that module's own forward: the projections must be called as
-            # modules, not fused into one product from their weights
-            for module in model.modules():
-                if isinstance(module, CausalSelfAttention):
-                    module.fused_qkv = False
-        self._start_deepspeed(deepspeed_config(config, dims, self.stage), run_dir, mpu=dims if dims.distributed else None)
+        self.zero_stage = config.parallel.zero_stage
+        self._start_deepspeed(deepspeed_config(config, dims, self.zero_stage), run_dir,
+                              mpu=dims if dims.distributed else None)
         self.forward = torch.compile(self.ds) if config.run.compile else self.ds
 
     def _start_deepspeed(self, ds_config: dict, run_dir: Optional[Path], mpu) -> None:
@@ -278,7 +258,7 @@ class ZeroEngine(Engine):
         self._linked_at_step = -1
 
     def describe(self) -> str:
-        return f"DeepSpeed ZeRO-{self.stage}"
+        return f"DeepSpeed ZeRO-{self.zero_stage}"
 
     def close(self) -> None:
         self.ds.destroy()
@@ -339,7 +319,7 @@ class ZeroEngine(Engine):
             del inner.step  # back to the class's method
 
     def gathered(self, params):
-        if self.stage != 3:
+        if self.zero_stage != 3:
             return contextlib.nullcontext()
         import deepspeed
 
@@ -366,7 +346,7 @@ class ZeroEngine(Engine):
 
         DeepSpeed (0.19) links them once, right after the first parameter group's first update, before the moments
         of the other groups exist; parameters of those groups would then have no moments to read or write."""
-        if self.stage in (1, 2):
+        if self.zero_stage in (1, 2):
             self.optimizer._hp_optimizer_states_linked = False
             self.optimizer._lazy_init_hp_params_optimizer_state()
 
@@ -385,7 +365,7 @@ class ZeroEngine(Engine):
         # copy each parameter's moments into its fragments of the partitions.
         inner = self._inner()
         on_device = bool(inner.defaults.get("fused") or inner.defaults.get("capturable"))
-        flats = self.optimizer.fp32_partitioned_groups_flat if self.stage == 3 \
+        flats = self.optimizer.fp32_partitioned_groups_flat if self.zero_stage == 3 \
             else self.optimizer.single_partition_of_fp32_groups
         for flat in flats:
             step = torch.tensor(float(adam_step), dtype=torch.float32, device=flat.device if on_device else "cpu")
@@ -426,35 +406,3 @@ def zero_optimization(config: Config, zero_stage: int) -> dict:
     if p.zero_overlap_comm is not None:
         section["overlap_comm"] = p.zero_overlap_comm
     return section
-
-
-def checkpointed(block: nn.Module) -> nn.Module:
-    """``block`` recomputed in the backward instead of keeping its activations (torch's non-reentrant wrapper; the
-    wrapper's name is removed from parameter names by :func:`param_name`)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
-    return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-
-
-def place_model(model: nn.Module, config: Config, dims: ParallelDims) -> nn.Module:
-    """Move the model to the device, then apply FP8 (Transformer Engine FFNs) and activation checkpointing."""
-    model.to(dims.device)
-    if config.precision.fp8_ffn:
-        from launcher.fp8 import apply_fp8_ffn
-
-        apply_fp8_ffn(model.blocks, config.precision, dims)
-    if config.parallel.activation_checkpointing:
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = checkpointed(block)
-    return model
-
-
-def build_engine(model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None) -> Engine:
-    """The engine of the layout, around ``model`` (the full, tensor-split GPT on the CPU)."""
-    if dims.pp > 1:
-        from launcher.parallel.pipeline import PipelineEngine
-
-        return PipelineEngine(model, config, dims, run_dir)
-    if config.parallel.zero_stage == 0:
-        return LocalEngine(place_model(model, config, dims), config, dims)
-    return ZeroEngine(place_model(model, config, dims), config, dims, run_dir)

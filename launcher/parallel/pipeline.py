@@ -15,9 +15,12 @@ count. The recipe's gradient accumulation becomes the pipeline's micro-batches, 
 Row keys (runs whose attention draws random bits, ``AttentionConfig.needs_noise_keys``): the first stage gets
 (token ids, row keys), and every layer up to the last block passes (hidden states, row keys) on, so that the keys
 cross stage boundaries with the activations (DeepSpeed sends every tensor of a tuple, and gradients of the floating
-ones only). Each block is a :class:`KeyedBlock`; ``drop_row_keys`` after the last block hands the final LayerNorm
-the hidden states alone. Evaluation sends key 0 for every row (what the single-device model does without keys).
-Every other run keeps the plain layer list.
+ones only). Each block layer (a :class:`PipelineBlock`) passes the keys on; ``drop_row_keys`` after the last block
+hands the final LayerNorm the hidden states alone. Evaluation sends key 0 for every row (what the single-device model
+does without keys). Every other run passes the hidden states alone.
+
+:func:`build_stage` makes this rank's stage (launcher/parallelize.py calls it as its device-placement step, then
+applies FP8 and activation checkpointing to the stage's blocks); :class:`PipelineEngine` only wraps it.
 
 Sequence parallelism (launcher/parallel/sequence.py) needs nothing here but two settings: the positions layer ends
 with the GPT's ``drop``, which then splits the sequence, so stage boundaries carry each tensor-parallel rank's own
@@ -34,7 +37,7 @@ data-parallel ranks, sent to every rank before anything is updated.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -42,8 +45,9 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import ZeroEngine, checkpointed, deepspeed_config, named_parameters
-from launcher.parallel.sequence import local_seq_len
+from launcher.parallel.engine import ZeroEngine, deepspeed_config
+
+FIRST_BLOCK = 2  # pipeline layers 0 and 1 are the token embedding and the positions; the blocks follow
 
 
 class TokenEmbedding(nn.Module):
@@ -82,10 +86,13 @@ class AddPositions(nn.Module):
         return self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=x.device)))
 
 
-class KeyedBlock(nn.Module):
-    """A (possibly activation-checkpointed) block as a pipeline layer of a keyed run: (x, row keys) -> (block(x, row
-    keys), row keys); the keys are an argument of the block, so a checkpointed block recomputes with them. A plain
-    tensor (the monitors' probe pass) runs the block without keys."""
+class PipelineBlock(nn.Module):
+    """A block as a pipeline layer. Its ``block`` may be replaced once the stage is built (activation checkpointing
+    wraps it after the FP8 swap, launcher/parallelize.py), which a layer registered with DeepSpeed cannot be.
+
+    Keyed runs: (x, row keys) -> (block(x, row keys), row keys); the keys are an argument of the block, so a
+    checkpointed block recomputes with them. A plain tensor (every other run, and the monitors' probe pass) runs the
+    block without keys."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -109,48 +116,90 @@ def stage_batch(batch: tuple[torch.Tensor, ...]) -> tuple:
     return ((x, *row_keys), y) if row_keys else (x, y)
 
 
+class MicroBatchLosses:
+    """The model's loss as the pipeline's ``loss_fn`` (last stage), keeping each micro-batch's value for the step's
+    loss."""
+
+    def __init__(self, model_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        self.model_loss = model_loss
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.model_loss(logits, targets)
+        self.values.append(loss.detach())
+        return loss
+
+
+class PipelineStage:
+    """This rank's stage of the GPT: a DeepSpeed ``PipelineModule`` holding its share of the layers (see the module
+    docstring), on this rank's device. Built by :func:`build_stage`; launcher/parallelize.py then applies FP8 and
+    activation checkpointing to its blocks and records the plain model's parameter names (``names``)."""
+
+    def __init__(self, module: nn.Module, losses: MicroBatchLosses):
+        self.module, self.losses = module, losses
+        self.names: dict[int, str] = {}
+        """id(parameter) -> the single-device model's name of it."""
+
+    def layers(self) -> dict[int, PipelineBlock]:
+        """This stage's block layers by global layer index."""
+        first = self.module._local_start  # index of this stage's first layer in the full layer list
+        return {i - FIRST_BLOCK: layer for i, layer in enumerate(self.module.forward_funcs, start=first)
+                if isinstance(layer, PipelineBlock)}
+
+    def blocks(self) -> dict[int, nn.Module]:
+        """This stage's transformer blocks (activation-checkpoint wrapped or not) by global layer index."""
+        return {i: layer.block for i, layer in self.layers().items()}
+
+    def functions(self) -> list[Callable]:
+        """This stage's layers in order, as the pipeline calls them."""
+        return list(self.module.forward_funcs)
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This stage's parameters under the single-device model's names."""
+        return [(parameter_name(self.names, p), p) for p in self.module.parameters()]
+
+
+def build_stage(gpt: nn.Module, config: Config, dims: ParallelDims) -> PipelineStage:
+    """This rank's stage of ``gpt`` (tensor-split, attention bound, on the CPU) moved to ``dims.device``; the other
+    stages' layers stay where they are. Every rank of the layout must call it."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule, TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    # PipelineModule creates its communicators through deepspeed.comm, which wraps our process group
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
+    blocks = [PipelineBlock(b) for b in gpt.blocks]
+    if config.attention.needs_noise_keys:
+        blocks.append(drop_row_keys)
+    layers = [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
+              AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
+              TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
+                            tied_weight_attr="embedding.weight")]
+    losses = MicroBatchLosses(gpt.loss_fn)
+    topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
+    module = PipelineModule(layers, topology=topology, loss_fn=losses, partition_method="parameters")
+    return PipelineStage(module.to(dims.device), losses)
+
+
+def parameter_name(names: dict[int, str], param: nn.Parameter) -> str:
+    name = names.get(id(param))
+    if name is None:
+        raise RuntimeError("a pipeline parameter does not belong to the model it was built from")
+    return name
+
+
 class PipelineEngine(ZeroEngine):
     """This rank's pipeline stage of the GPT, trained by DeepSpeed's pipeline engine (see the module docstring)."""
 
-    def __init__(self, gpt: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
-        import deepspeed
-        from deepspeed.pipe import PipelineModule, TiedLayerSpec
-        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    zero_stage = 1
 
-        # PipelineModule creates its communicators through deepspeed.comm, which wraps our process group
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
-        self.model, self.dims, self.config = None, dims, config
-        self.stage = 1
-        blocks = [checkpointed(b) if config.parallel.activation_checkpointing else b for b in gpt.blocks]
+    def __init__(self, stage: PipelineStage, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
+        self.stage, self.dims, self.config = stage, dims, config
+        self.model = stage.module
         self.keyed = config.attention.needs_noise_keys
-        if self.keyed:
-            blocks = [KeyedBlock(b) for b in blocks] + [drop_row_keys]
-        layers = [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
-                  AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
-                  TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
-                                tied_weight_attr="embedding.weight")]
-        self.micro_losses: list[torch.Tensor] = []
-        self.model_loss = model_loss = gpt.loss_fn
-
-        def loss_fn(logits, targets):
-            loss = model_loss(logits, targets)
-            self.micro_losses.append(loss.detach())
-            return loss
-
-        topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
-        stage = PipelineModule(layers, topology=topology, loss_fn=loss_fn, partition_method="parameters")
-        self.model = stage
-        self.first_layer = stage._local_start  # index of this stage's first layer in the list above
-        if config.precision.fp8_ffn:  # only this stage's blocks, built directly on the GPU
-            from launcher.fp8 import apply_fp8_ffn
-
-            apply_fp8_ffn(self.blocks().values(), config.precision, dims)
-        stage.to(dims.device)
-        names = {id(p): n for n, p in named_parameters(gpt)}  # after the FP8 swap: TE's parameters under plain names
-        self.names = {id(p): param_name_of(names, p) for p in stage.parameters()}
-
+        self.model_loss = stage.losses.model_loss
         # the pipeline module brings its own topology as DeepSpeed's mpu
-        ds_config = deepspeed_config(config, dims, zero_stage=1)
+        ds_config = deepspeed_config(config, dims, zero_stage=self.zero_stage)
         if config.parallel.sequence_parallel:
             # DeepSpeed sends 1/tp of a stage's output from each tensor-parallel rank and all-gathers it on the next
             # stage, which assumes the ranks hold the same activations; under sequence parallelism each holds its
@@ -163,25 +212,15 @@ class PipelineEngine(ZeroEngine):
         return f"DeepSpeed pipeline ({self.dims.pp} stages, 1F1B) with ZeRO-1"
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(self.names[id(p)], p) for p in self.model.parameters()]
+        return self.stage.named_parameters()
 
     def blocks(self) -> dict[int, nn.Module]:
-        """This stage's transformer blocks by global layer index (layers 2 .. L+1 of the pipeline are the blocks)."""
-        return {i - 2: layer.block if isinstance(layer, KeyedBlock) else layer
-                for i, layer in enumerate(self.model.forward_funcs, start=self.first_layer)
-                if 2 <= i < 2 + self.config.model.n_layer}
+        """This stage's transformer blocks by global layer index."""
+        return self.stage.blocks()
 
-    def probe(self, batch, autocast, grad_layers, backward):
-        from launcher.monitors.probe import run_stage_probe
-
-        dims = self.dims
-        # what crosses a stage boundary: (batch, positions of this rank, d_model); sequence parallelism keeps T / tp
-        batch_size, seq_len = batch[0].shape
-        hidden = (batch_size, local_seq_len(seq_len, dims, self.config.parallel.sequence_parallel),
-                  self.config.model.d_model)
-        return run_stage_probe(self.model, list(self.model.forward_funcs), self.model_loss, self.blocks(), batch,
-                               autocast, grad_layers, backward, dims.pp_rank, dims.pp, dims.pp_group, hidden,
-                               dims.device)
+    def stage_functions(self) -> list[Callable]:
+        """This stage's layers in order (the monitors' probe pass runs them itself, launcher/monitors/probe.py)."""
+        return self.stage.functions()
 
     def _stage_loss(self) -> float:
         """The step's loss on every rank: the last stage's mean over its micro-batches, averaged over data parallel
@@ -189,7 +228,7 @@ class PipelineEngine(ZeroEngine):
         dims = self.dims
         loss = torch.zeros((), device=dims.device)
         if self.is_last_stage:
-            loss = torch.stack(self.micro_losses).float().mean()
+            loss = torch.stack(self.stage.losses.values).float().mean()
             if dims.dp > 1:
                 dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dims.dp_group)
         if dims.pp > 1:
@@ -199,7 +238,7 @@ class PipelineEngine(ZeroEngine):
 
     def train_step(self, micro_batches, autocast, lr, veto):
         # DeepSpeed's engine enters the run's autocast itself (its torch_autocast section); FP8 FFNs enter their own.
-        self.micro_losses.clear()
+        self.stage.losses.values.clear()
         loss: dict[str, float] = {}
 
         def judge(grad_norm: float) -> Optional[str]:  # the loss exists only now, inside the optimizer step
@@ -219,10 +258,3 @@ class PipelineEngine(ZeroEngine):
             batches = [((x, torch.zeros(len(x), dtype=torch.int64, device=x.device)), y) for x, y in batches]
         mean = self.ds.eval_batch(iter(batches), num_micro_batches=len(batches), bcast_loss=True)
         return float(mean) * count, count
-
-
-def param_name_of(names: dict[int, str], param: nn.Parameter) -> str:
-    name = names.get(id(param))
-    if name is None:
-        raise RuntimeError("a pipeline parameter does not belong to the model it was built from")
-    return name

@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.config import check_divisible
 from launcher.parallel.dims import ParallelDims
 
 
@@ -227,24 +228,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vo
 
 # ----------------------------------------------------------------------------------------------------------------
 # The plan
-
-
-def check_divisible(n_head: int, ffn_hidden: int, vocab_size: Optional[int], tp: int) -> list[str]:
-    """Problems (each with what to change) that prevent splitting the model over ``tp`` ranks."""
-    problems = []
-    if tp <= 1:
-        return problems
-    if n_head % tp:
-        problems.append(f"model.n_head={n_head} is not divisible by parallel.tensor_parallel={tp} (each rank takes "
-                        f"whole heads); choose a head count that is a multiple of {tp} or another tensor_parallel")
-    if ffn_hidden % tp:
-        problems.append(f"the FFN width {ffn_hidden} (model.ffn_mult x model.d_model) is not divisible by "
-                        f"parallel.tensor_parallel={tp}; change model.d_model or tensor_parallel")
-    if vocab_size and vocab_size % tp:
-        padded = -(-vocab_size // tp) * tp
-        problems.append(f"the vocabulary ({vocab_size}) is not divisible by parallel.tensor_parallel={tp}; set "
-                        f"model.vocab_size={padded} (ids above the data's vocabulary are never used)")
-    return problems
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> nn.Module:

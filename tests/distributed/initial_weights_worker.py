@@ -19,9 +19,10 @@ import torch
 from launcher import distributed
 from launcher.checkpoint import gather_training_state
 from launcher.config import load_config
-from launcher.monitors import Monitors
+from launcher.monitors.monitors import Monitors
 from launcher.parallel import dims as parallel_dims
-from launcher.parallel.engine import build_engine
+from launcher.parallel.build import build_engine
+from launcher.parallelize import parallelize
 from launcher.trainer import build_model
 from model import GPT, build_attention
 
@@ -73,10 +74,10 @@ def main() -> int:
         config.parallel.tensor_parallel, config.parallel.pipeline_parallel = tp, pp
         config.parallel.zero_stage, config.parallel.sequence_parallel = zero_stage, sequence_parallel
         dims = parallel_dims.build(config.parallel, world, base.rank, base.local_rank, base.device)
-        model, _, _ = build_model(config, dims)
-        engine = build_engine(model, config, dims)
+        model, _, _ = build_model(config)
+        engine = build_engine(parallelize(model, config, dims), config, dims)
         full = gather_training_state(engine, dims)
-        values = monitor_values(config, model, probe, dims, engine)
+        values = monitor_values(config, engine.model, probe, dims, engine)
         if dims.is_logging_rank:
             layout = f"tp={tp} x dp={dims.dp}" + (f" x pp={pp}" if pp > 1 else "") + \
                 (f" zero{zero_stage}" if zero_stage else "") + (" sp" if sequence_parallel else "")

@@ -53,10 +53,10 @@ def straight_ddp(common, out_dir):
     return all_scalars(run_dir(out_dir, "straight_ddp"))
 
 
-def start(args, nproc=1, env_extra=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.pretrain", *args] if nproc == 1 else \
+def start(args, nproc=1, env_extra=None, module="launcher.pretrain") -> subprocess.Popen:
+    cmd = [sys.executable, "-m", module, *args] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-         "--master-port", str(free_port()), "-m", "launcher.pretrain", *args]
+         "--master-port", str(free_port()), "-m", module, *args]
     return subprocess.Popen(cmd, cwd=REPO, env={**launcher_env(), **(env_extra or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -134,11 +134,12 @@ def test_kill_9_at_a_random_time(common, out_dir, straight):
 
 @pytest.mark.parametrize("save", [1, 2])
 def test_kill_9_during_a_checkpoint_write(common, out_dir, straight, save):
-    """The test hook CHECKPOINT_TEST_PAUSE_S stops each save after its first bytes; the run is killed inside the
+    """tests/paused_save_worker.py stops each save after its first bytes; the run is killed inside the
     first save (step 4: only partial files, so the rerun starts over) or the second (step 8: a partial temporary file
     beside the step-4 checkpoint, which the rerun resumes)."""
     experiment = f"killed_in_save_{save}"
-    proc = start([*common, f"run.experiment={experiment}"], env_extra={"CHECKPOINT_TEST_PAUSE_S": "2"})
+    proc = start([*common, f"run.experiment={experiment}"], env_extra={"CHECKPOINT_TEST_PAUSE_S": "2"},
+                 module="tests.paused_save_worker")
     pauses = []
 
     def in_that_save(line):

@@ -73,3 +73,25 @@ def test_layout_with_fp8_trains_like_one_process(setup, name, nproc, layout):
     for module, tensors in single["fp8_scaling"].items() if not name.startswith("dp") else ():
         torch.testing.assert_close(state["fp8_scaling"][module]["amax_history_fwd"], tensors["amax_history_fwd"],
                                    rtol=5e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", ["current", "block"])
+def test_pipeline_with_activation_checkpointing_and_fp8_trains_the_fp8_modules(setup, recipe):
+    """Pipeline + activation checkpointing + FP8 FFNs (the stateless recipes; validation refuses delayed with
+    checkpointing). The FP8 FFNs must be swapped into the blocks before they are wrapped for recomputation, or the
+    wrapper holds the FP8 modules while the wrapped blocks run (and train) the old ones (issue 20). Recomputation
+    changes no arithmetic, so the run must equal the same pipeline without checkpointing bit for bit: losses,
+    evaluation, and the monitors, which read the FFN weights from the FP8 modules (their spectral norms would stay
+    at the initial weights' if those modules did not train)."""
+    out, common = setup
+    layout = [*common, "parallel.pipeline_parallel=2", "precision.fp8_ffn=true", f"precision.fp8_recipe={recipe}"]
+    launch([*layout, f"run.experiment=pp2_{recipe}"], nproc=2, module=WORKER, timeout=TIMEOUT)
+    launch([*layout, "parallel.activation_checkpointing=true", f"run.experiment=pp2_{recipe}_checkpointed"], nproc=2,
+           module=WORKER, timeout=TIMEOUT)
+    plain = all_scalars(out / f"pp2_{recipe}" / "fixed")
+    checkpointed = all_scalars(out / f"pp2_{recipe}_checkpointed" / "fixed")
+    assert sorted(checkpointed["train/loss"]) == list(range(1, STEPS + 1))
+    assert any(t.startswith("spectral/") and t.endswith("/fc_in") for t in plain)
+    for tag, series in plain.items():
+        if not tag.startswith(("perf/", "monitor/")):  # timings
+            assert checkpointed[tag] == series, tag

@@ -77,7 +77,7 @@ def test_fused_fp8_ffn_holds_the_plain_weights(seed):
     """The fused LayerNorm + MLP computes the plain block's ``mlp(ln2(x))`` (FP32 when FP8 is off, within FP8's
     error when on), and reports its parameters under the plain model's names."""
     from launcher.fp8 import FP8FeedForward, apply_fp8_ffn
-    from launcher.parallel.engine import named_parameters
+    from launcher.parallel.names import named_parameters
     from model import GPT, GPTConfig
 
     dims = ParallelDims(device=torch.device("cuda", 0))

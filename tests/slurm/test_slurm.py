@@ -32,6 +32,19 @@ def job_env(**extra) -> dict:
     return {**launcher_env(), "RECIPE": "smoke", "PYTHON": sys.executable, **extra}
 
 
+def paused_save_python(folder) -> str:
+    """An interpreter for the batch script (its PYTHON) that runs tests/paused_save_worker.py where the script runs
+    launcher.pretrain (each checkpoint save pauses once, CHECKPOINT_TEST_PAUSE_S seconds), anything else as is."""
+    wrapper = folder / "python-with-paused-saves"
+    wrapper.write_text('#!/bin/sh\n'
+                       'if [ "$1" = -m ] && [ "$2" = launcher.pretrain ]; then\n'
+                       '  shift 2; set -- -m tests.paused_save_worker "$@"\n'
+                       'fi\n'
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def output(tmp_path) -> str:
     return "\n".join(p.read_text() for p in sorted(tmp_path.glob("fp8-attention-*.out")))
 
@@ -114,7 +127,8 @@ def test_scancel_during_a_checkpoint_write_leaves_a_resumable_run(slurm, kjv_dat
               "checkpoint.interval=10", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
     args = ["--array=0", "--nodes=1", "--ntasks-per-node=1", *CPU_JOB, f"--output={tmp_path}/%x-%A_%a.out",
             "slurm/pretrain_fp8.sh", *common]
-    first = slurm.sbatch(args, job_env(ARMS="baseline", CHECKPOINT_TEST_PAUSE_S="3"), REPO)
+    paused = job_env(ARMS="baseline", CHECKPOINT_TEST_PAUSE_S="3", PYTHON=paused_save_python(tmp_path))
+    first = slurm.sbatch(args, paused, REPO)
     deadline = time.time() + 120
     while output(tmp_path).count("[checkpoint] test pause") < 2:  # inside the second save (step 20)
         assert time.time() < deadline, output(tmp_path) + slurm.logs()

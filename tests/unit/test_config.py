@@ -190,12 +190,14 @@ def test_overlap_settings_reach_deepspeed_with_its_own_defaults():
 
 
 def test_fused_fp8_parameters_keep_the_plain_model_names():
-    from launcher.fp8 import canonical_name
+    from launcher.parallel.names import canonical_name
 
     assert canonical_name("blocks.3.mlp.fused.fc1_weight") == "blocks.3.mlp.fc_in.weight"
     assert canonical_name("blocks.3.mlp.fused.fc2_bias") == "blocks.3.mlp.fc_out.bias"
     assert canonical_name("blocks.10.mlp.fused.layer_norm_weight") == "blocks.10.ln2.weight"
     assert canonical_name("blocks.3.attn.q_proj.weight") == "blocks.3.attn.q_proj.weight"
+    # activation checkpointing wraps the block around the fused FFN
+    assert canonical_name("blocks.3._checkpoint_wrapped_module.mlp.fused.fc1_bias") == "blocks.3.mlp.fc_in.bias"
 
 
 def test_stochastic_output_on_a_gpu_needs_bf16(monkeypatch, tmp_path):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from launcher.config import Config
-from launcher.monitors import Monitors, tags
+from launcher.monitors import tags
+from launcher.monitors.monitors import Monitors
 from launcher.parallel.dims import ParallelDims
 from kernels.modes import tie_tile_keys
 from launcher.monitors.attention_stats import head_stats, layer_stats, scores, tie_band, tile_ties

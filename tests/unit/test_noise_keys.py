@@ -9,7 +9,7 @@ from kernels.rounding import layer_keys, row_keys
 from launcher.config import load_config
 from launcher.data import BatchSchedule
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import checkpointed
+from launcher.parallelize import checkpointed
 from launcher.trainer import train_arm
 from model import GPT, GPTConfig
 from model.attention import AttentionConfig, build_attention, noise_keys

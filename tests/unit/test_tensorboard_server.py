@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from launcher import compare
 from launcher.config import Config
-from launcher.monitors import Monitors
+from launcher.monitors.monitors import Monitors
 from model import GPT, GPTConfig, build_attention
 from tests.runs import free_port
 

@@ -1,0 +1,377 @@
+"""The monitors of one run, written to TensorBoard. ``Monitors.after_step(step)`` runs what is due after an optimizer
+step:
+
+- every ``monitor.spectral_interval`` steps: spectral norms of every layer's W_Q, W_K, W_V, W_O, fc_in, fc_out and
+  of each head's block of W_Q and W_K (power iteration with persistent vectors, see spectral.py);
+- every ``monitor.probe_interval`` steps, on the fixed probe batch: RMS and top singular value of each layer's
+  attention input X and attention output O; tie rates (whole row; inside one tile of the run's numerics), maximum
+  logit and entropy per layer and head (attention_stats.py); the delta bias of ``monitor.delta_bias_layers`` (delta_bias.py).
+
+Both also run at step 1. Tag names come from tags.py. An interval of 0 disables that part; ``delta_bias_layers: []``
+disables the delta-bias monitor alone.
+
+Under tensor parallelism the tags and values are those of the single-device model: spectral norms are taken of the
+full matrices (the ranks' slices are gathered at the monitor interval); each rank computes the per-head statistics
+(tie rate, max logit, entropy, delta bias) of the heads it owns, and the per-head values are gathered in global head
+order. The ranks that compute are those of the logging rank's tensor-parallel group (all ranks under ZeRO-3, whose
+parameters only exist gathered over data parallel); only the logging rank writes.
+
+Under pipeline parallelism every stage computes the monitors of its own layers (the probe batch flows through the
+pipeline, forward and back, see probe.py) and sends its values to the logging rank, which writes the same global tag
+names as one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from kernels.modes import tie_tile_keys
+from launcher.fp8 import side_pass
+from launcher.monitors import tags
+from launcher.parallel.dims import ParallelDims
+from launcher.parallel.sequence import local_seq_len
+from launcher.parallel.tensor import Shard, gather_full, head_range, shard_of
+from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_stats, scores
+from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
+from launcher.monitors.probe import ProbeResult, run_probe, run_stage_probe
+from launcher.monitors.spectral import SpectralTracker
+from launcher.monitors.warning import EarlyWarning, WarningRule
+from model.attention import noise_keys
+
+STATE_VERSION = 2  # 2: per-head state stored for all heads of the model (any tensor-parallel layout can load it)
+
+
+def _due(step: int, interval: int) -> bool:
+    return interval > 0 and (step == 1 or step % interval == 0)
+
+
+class _Values:
+    """Collects 0-d or per-head tensors under tag names and moves them to the host in one transfer."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, tag: str, value: torch.Tensor) -> None:
+        self.names.append(tag)
+        self.tensors.append(value.detach().reshape(1).double())
+
+    def add_heads(self, tag_of_head: Callable[[int], str], values: torch.Tensor) -> None:
+        for h in range(values.numel()):
+            self.names.append(tag_of_head(h))
+        self.tensors.append(values.detach().reshape(-1).double())
+
+    def to_dict(self) -> dict[str, float]:
+        if not self.tensors:
+            return {}
+        flat = torch.cat([t.to(self.tensors[0].device) for t in self.tensors]).tolist()
+        return dict(zip(self.names, flat))
+
+
+class Monitors:
+    """Spectral-norm, activation, attention and delta-bias monitors of one run (see module docstring)."""
+
+    def __init__(self, config, model: torch.nn.Module, probe_batch: tuple[torch.Tensor, torch.Tensor], writer,
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 backend: str = "reference", dims: Optional[ParallelDims] = None, engine=None):
+        """``model``: the model, or under pipeline parallelism this rank's stage; ``engine`` (optional; needed under
+        ZeRO-3 and a pipeline): the trainer's engine, which knows this rank's blocks (and a stage's layers)."""
+        mon, att = config.monitor, config.attention
+        self.model = model
+        self.probe_batch = probe_batch
+        self.writer = writer
+        self.autocast = autocast
+        self.backend = backend
+        self.dims = dims or ParallelDims(device=probe_batch[0].device)
+        self.engine = engine
+        zero3 = engine is not None and engine.zero_stage == 3
+        # ranks that take part: the logging rank's tensor-parallel group, or every rank under ZeRO-3
+        self.active = self.dims.dp_rank == 0 or zero3
+        self.rounding, self.fix = att.rounding, att.fix
+        self.beta, self.eps, self.paper_block_keys = att.beta, att.eps, att.paper_block_keys
+        self.delta_gain, self.delta_sign, self.keyed = att.delta_gain, att.delta_sign, att.needs_noise_keys
+        # the tile in which a repeated maximum matters for the run's numerics
+        self.tie_tile = tie_tile_keys(att.rounding, att.paper_block_keys)
+        # this rank's blocks by global layer index (a pipeline stage holds some of them)
+        self.layers: dict[int, torch.nn.Module] = engine.blocks() if engine is not None else dict(enumerate(model.blocks))
+        self.layer_ids = sorted(self.layers)
+        self.n_layer = config.model.n_layer
+        self.d_model = config.model.d_model
+        self.sequence_parallel = config.parallel.sequence_parallel
+        self.n_head = config.model.n_head  # of the whole model; this rank's are head_offset .. + local_heads - 1
+        self.head_offset, _ = head_range(self.n_head, self.dims)
+        first = self.layers[self.layer_ids[0]]
+        self.local_heads = first.attn.n_head
+        self.head_dim = first.attn.head_dim
+        self.spectral_interval = mon.spectral_interval
+        self.probe_interval = mon.probe_interval
+        layers = mon.delta_bias_layers
+        wanted = list(range(self.n_layer)) if layers is None else sorted(set(layers))
+        self.any_delta = bool(wanted)  # under a pipeline, every stage takes part in the backward then
+        self.delta_layers = [i for i in wanted if i in self.layers]
+        self.tracker = SpectralTracker(mon.power_iterations, tol=mon.power_tolerance)
+        self.delta_cum: dict[int, torch.Tensor] = {}
+        self.prev_error: dict[int, torch.Tensor] = {}
+        self._last: dict[str, float] = {}
+        self._overhead_s = 0.0
+        self._delta_cost_printed = False
+        # early warning (warning.py), evaluated where the merged values of all stages are: the logging rank
+        rule = WarningRule.from_monitor(mon)
+        self.warning = EarlyWarning(rule) if rule.enabled and rule.layer < self.n_layer else None
+        self._warned = False
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Trainer-facing API
+
+    @property
+    def overhead_s(self) -> float:
+        """Total seconds spent in the monitors so far (including time restored from a checkpoint)."""
+        return self._overhead_s
+
+    def last_values(self) -> dict[str, float]:
+        """Latest value of every tag logged so far (printed by the guards when a step goes bad)."""
+        return dict(self._last)
+
+    def after_step(self, step: int) -> dict[str, float]:
+        """Run whatever is due at optimizer step ``step`` (1-based), log it with global_step=step, return it.
+        Every rank calls it; ranks outside the computing group (see the module docstring) return {} at once."""
+        if not self.active:
+            return {}
+        do_spectral = _due(step, self.spectral_interval)
+        do_probe = _due(step, self.probe_interval)
+        if not (do_spectral or do_probe):
+            return {}
+        device = self.probe_batch[0].device
+        start = self._clock(device)
+        values: dict[str, float] = {}
+        # The monitors' own arithmetic is FP32/FP64 whatever context the caller is in; the probe forward enters the
+        # run's autocast itself.
+        with torch.autocast(device.type, enabled=False):
+            if do_spectral:
+                values.update(self._spectral())
+                values[tags.SPECTRAL_SECONDS] = self._clock(device) - start
+            if do_probe:
+                probe_start = self._clock(device)
+                values.update(self._probe(device))
+                values[tags.PROBE_SECONDS] = self._clock(device) - probe_start
+        self._overhead_s += self._clock(device) - start
+        values = self._from_all_stages(values)
+        if self.warning is not None and self.dims.is_logging_rank:
+            values.update(self._warn(step, values))
+        if self.writer is not None:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, global_step=step)
+        self._last.update(values)
+        return values
+
+    def state_dict(self) -> dict:
+        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices; per-head
+        state of all heads, per-layer state of all stages (collective: every rank calls)."""
+        if not self.active:
+            return {}
+        state = {
+            "version": STATE_VERSION,
+            # the vectors of a batch of layers, under the layers it covers: another layout starts that batch afresh
+            "spectral_vectors": {self._stage_key(): self.tracker.state_dict()},
+            "delta_cum": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.delta_cum.items())},
+            "prev_error": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.prev_error.items())},
+            "overhead_s": self._overhead_s,
+            "last_values": dict(self._last),
+            "warning": self.warning.state_dict() if self.warning is not None else None,
+        }
+        stages = self._gather_stages(state)
+        if stages is None:
+            return state
+        for other in stages[1:]:
+            for key in ("spectral_vectors", "delta_cum", "prev_error"):
+                state[key].update(other[key])
+        return state
+
+    def _stage_key(self) -> str:
+        return ",".join(map(str, self.layer_ids))
+
+    def _gather_stages(self, obj) -> Optional[list]:
+        """``obj`` of every pipeline stage, in stage order, on the logging rank (None on the others and without a
+        pipeline). The stages' first tensor-parallel ranks send; the others already hold the same values."""
+        if self.dims.pp == 1 or self.dims.tp_rank != 0:
+            return None
+        group = self.dims.pp_group
+        out = [None] * self.dims.pp if self.dims.pp_rank == 0 else None
+        dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0), group=group)
+        return out
+
+    def _from_all_stages(self, values: dict[str, float]) -> dict[str, float]:
+        """The values of every stage on the logging rank; timings are the slowest stage's."""
+        stages = self._gather_stages(values)
+        if stages is None:
+            return values
+        merged: dict[str, float] = {}
+        for stage_values in stages:
+            for tag, value in stage_values.items():
+                merged[tag] = max(merged.get(tag, value), value) if tag.startswith("monitor/") else value
+        return merged
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"monitor state version {state.get('version')} is not {STATE_VERSION}; "
+                             "resume with the code that wrote the checkpoint")
+        device = self.probe_batch[0].device
+        mine = slice(self.head_offset, self.head_offset + self.local_heads)
+        self.tracker.load_state_dict(state["spectral_vectors"].get(self._stage_key(), {}), device)
+        self.delta_cum = {int(i): t[mine].to(device) for i, t in state["delta_cum"].items()}
+        self.prev_error = {int(i): t[mine].to(device) for i, t in state["prev_error"].items()}
+        self._overhead_s = float(state["overhead_s"])
+        self._last = dict(state["last_values"])
+        if self.warning is not None and state.get("warning"):  # absent in checkpoints written before the warning
+            self.warning.load_state_dict(state["warning"])
+            self._warned = self.warning.on
+
+    def _warn(self, step: int, values: dict[str, float]) -> dict[str, float]:
+        out = self.warning.update(step, values)
+        if out.get(tags.WARNING) and not self._warned:  # say it once per onset, on the console too
+            print(f"[monitors] EARLY WARNING at step {step}: {self.warning.rule.describe()} "
+                  "(launcher/monitors/warning.py; thresholds monitor.warning_*)", flush=True)
+        self._warned = bool(out.get(tags.WARNING, self._warned))
+        return out
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _clock(device: torch.device) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    def _all_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's per-head tensor (heads first) extended to all heads of the model, in global order."""
+        return gather_full(t, Shard(0, self.dims.tp), self.dims)
+
+    def _full_weight(self, module: torch.nn.Module) -> torch.Tensor:
+        """The full FP32 weight of a (possibly tensor-split, possibly ZeRO-3-partitioned) linear layer."""
+        weight = module.weight
+        context = self.engine.gathered([weight]) if self.engine is not None else contextlib.nullcontext()
+        with context:
+            return gather_full(weight.detach().float(), shard_of(weight), self.dims)
+
+    @torch.no_grad()
+    def _spectral(self) -> dict[str, float]:
+        blocks = [self.layers[i] for i in self.layer_ids]
+        values = _Values()
+        names = list(tags.WEIGHTS)
+        square = torch.stack([self._full_weight(getattr(b.attn, m))
+                              for b in blocks for m in ("q_proj", "k_proj", "v_proj", "out_proj")])
+        sq = self.tracker("attn", square).view(len(blocks), 4)
+        fc_in = self.tracker("fc_in", torch.stack([self._full_weight(b.mlp.fc_in) for b in blocks]))
+        fc_out = self.tracker("fc_out", torch.stack([self._full_weight(b.mlp.fc_out) for b in blocks]))
+        d = square.shape[-1]
+        qk_heads = square.view(len(blocks), 4, d, d)[:, :2].reshape(-1, self.head_dim, d)
+        heads = self.tracker("heads_qk", qk_heads).view(len(blocks), 2, self.n_head)
+        for n, i in enumerate(self.layer_ids):
+            for j, w in enumerate(names[:4]):
+                values.add(tags.spectral(i, w), sq[n, j])
+            values.add(tags.spectral(i, "fc_in"), fc_in[n])
+            values.add(tags.spectral(i, "fc_out"), fc_out[n])
+            for j, w in enumerate(tags.PER_HEAD_WEIGHTS):
+                values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[n, j])
+        return values.to_dict()
+
+    def _gather_heads(self, local: dict) -> dict:
+        """{key: this rank's per-head (local_heads,) tensor} -> {key: all heads (n_head,) in FP64}, in one collective
+        (FP64 with one process too, so that layer aggregates are computed alike under every layout)."""
+        if not local:
+            return local
+        keys = list(local)
+        stacked = torch.stack([local[k].double() for k in keys], dim=1)  # (local_heads, K)
+        full = self._all_heads(stacked)
+        return {k: full[:, j] for j, k in enumerate(keys)}
+
+    def _probe(self, device: torch.device) -> dict[str, float]:
+        delta_layers = self.delta_layers
+        # only some ranks run the probe: FP8 FFNs run it in BF16 (no amax collective, no scaling state touched)
+        with side_pass(self.model):
+            probe = self._probe_pass(delta_layers)
+        values = _Values()
+        ids = self.layer_ids
+        with torch.no_grad():
+            xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in ids])
+            # O of all heads: (B, H, T, hd) -> (B*T, H*hd), as the single-device model's out_proj input
+            outs = torch.stack([gather_full(probe.layers[i].o.float(), Shard(1, self.dims.tp), self.dims)
+                                .transpose(1, 2).flatten(2).flatten(0, 1) for i in ids])
+            rows = xs.shape[1] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
+            x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", outs) / rows
+            local = {}
+            for i in ids:
+                cap = probe.layers[i]
+                s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
+                local.update({(i, stat): v for stat, v in head_stats(s, self.eps, self.tie_tile).items()})
+                del s
+            per_head = self._gather_heads(local)
+            for n, i in enumerate(ids):
+                values.add(tags.act(i, "x_rms"), xs[n].pow(2).mean().sqrt())
+                values.add(tags.act(i, "x_sv"), x_sv[n])
+                values.add(tags.act(i, "o_rms"), outs[n].pow(2).mean().sqrt())
+                values.add(tags.act(i, "o_sv"), o_sv[n])
+                layer = {stat: per_head[(i, stat)] for stat in tags.ATTN_STATS}
+                for stat, value in layer_stats(layer).items():
+                    values.add(tags.attn(i, stat), value)
+                for stat, value in layer.items():
+                    values.add_heads(lambda h, i=i, stat=stat: tags.attn(i, stat, h), value)
+        result = values.to_dict()
+        if delta_layers:
+            start = self._clock(device)
+            result.update(self._delta_bias(probe))
+            cost = self._clock(device) - start
+            result[tags.DELTA_BIAS_SECONDS] = cost
+            if not self._delta_cost_printed and self.writer is not None:
+                self._delta_cost_printed = True
+                b, t = self.probe_batch[0].shape
+                print(f"[monitors] delta bias: {len(delta_layers)} layer(s) x probe batch {b}x{t}, "
+                      f"{cost:.3f} s per call, every {self.probe_interval} steps", flush=True)
+        return result
+
+    def _probe_pass(self, grad_layers: list[int]) -> ProbeResult:
+        """The probe batch through this rank's layers: the whole model, or under a pipeline this rank's stage, with
+        activations and gradients passed between the stages (every stage takes part; probe.py)."""
+        dims = self.dims
+        if dims.pp == 1:
+            return run_probe(self.model, self.probe_batch, self.autocast, grad_layers, self.layers)
+        # what crosses a stage boundary: (batch, positions of this rank, d_model); sequence parallelism keeps T / tp
+        batch_size, seq_len = self.probe_batch[0].shape
+        hidden = (batch_size, local_seq_len(seq_len, dims, self.sequence_parallel), self.d_model)
+        return run_stage_probe(self.model, self.engine.stage_functions(), self.engine.model_loss, self.layers,
+                               self.probe_batch, self.autocast, grad_layers, self.any_delta, dims.pp_rank, dims.pp,
+                               dims.pp_group, hidden, dims.device)
+
+    @torch.no_grad()
+    def _delta_bias(self, probe) -> dict[str, float]:
+        local = {}
+        for i in self.delta_layers:
+            cap = probe.layers[i]
+            # the probe pass ran without row keys: its attention used those of row key 0 (model.attention.noise_keys)
+            keys = noise_keys(None, i, cap.q.shape[0], cap.q.device) if self.keyed else None
+            out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
+                                   self.fix, self.beta, self.eps, self.prev_error.get(i), self.head_offset,
+                                   self.n_head, self.paper_block_keys, self.delta_gain, self.delta_sign, keys)
+            cum = self.delta_cum.get(i)
+            self.delta_cum[i] = out["sum"].clone() if cum is None else cum.to(out["sum"]) + out["sum"]
+            self.prev_error[i] = out["error"].float()  # (heads, head_dim, d_model), rows of q_proj.weight per head
+            local[(i, "sum")], local[(i, "cum")] = out["sum"], self.delta_cum[i]
+            for part in ("dot", "error_sq", "previous_sq"):
+                if part in out:
+                    local[(i, part)] = out[part]
+        per_head = self._gather_heads(local)
+        values = _Values()
+        for i in self.delta_layers:
+            for stat in ("sum", "cum"):
+                values.add(tags.delta_bias(i, stat), per_head[(i, stat)].sum())
+                values.add_heads(lambda h, i=i, stat=stat: tags.delta_bias(i, stat, h), per_head[(i, stat)])
+            if (i, "dot") in per_head:
+                dot, err_sq, prev_sq = (per_head[(i, p)] for p in ("dot", "error_sq", "previous_sq"))
+                values.add(tags.delta_bias(i, "dwq_cos"), cosine_from_parts(dot.sum(), err_sq.sum(), prev_sq.sum()))
+                values.add_heads(lambda h, i=i: tags.delta_bias(i, "dwq_cos", h), cosine_from_parts(dot, err_sq, prev_sq))
+        return values.to_dict()
