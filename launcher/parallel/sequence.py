@@ -76,45 +76,35 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return out
 
 
-class _ScatterToSequence(torch.autograd.Function):
-    """This rank's positions forward; the gradients of all positions gathered backward."""
+def _conjugate(name: str, forward, backward, doc: str) -> type:
+    """An autograd function of (x, group, dim) that runs ``forward`` and whose backward runs its conjugate."""
 
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _split(x, group, dim)
+    class Conjugate(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group, dim):
+            ctx.group, ctx.dim = group, dim
+            return forward(x, group, dim)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group, ctx.dim), None, None
+        @staticmethod
+        def backward(ctx, grad):
+            return backward(grad, ctx.group, ctx.dim), None, None
 
-
-class _GatherFromSequence(torch.autograd.Function):
-    """Entering a tensor-parallel region: all positions forward; backward, each rank's column-parallel slice gave a
-    partial gradient for every position, so they are summed and each rank keeps its positions' (reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _all_gather(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
+    Conjugate.__name__ = Conjugate.__qualname__ = name
+    Conjugate.__doc__ = doc
+    return Conjugate
 
 
-class _ReduceScatterToSequence(torch.autograd.Function):
-    """Leaving a tensor-parallel region: the row-parallel partial sums added up, this rank's positions kept;
-    backward, the gradient of all positions (every rank's partial had the same gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _reduce_scatter(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group, ctx.dim), None, None
+_ScatterToSequence = _conjugate(
+    "_ScatterToSequence", _split, _all_gather,
+    "This rank's positions forward; the gradients of all positions gathered backward.")
+_GatherFromSequence = _conjugate(
+    "_GatherFromSequence", _all_gather, _reduce_scatter,
+    "Entering a tensor-parallel region: all positions forward; backward, each rank's column-parallel slice gave a "
+    "partial gradient for every position, so they are summed and each rank keeps its positions' (reduce-scatter).")
+_ReduceScatterToSequence = _conjugate(
+    "_ReduceScatterToSequence", _reduce_scatter, _all_gather,
+    "Leaving a tensor-parallel region: the row-parallel partial sums added up, this rank's positions kept; backward, "
+    "the gradient of all positions (every rank's partial had the same gradient).")
 
 
 def scatter_to_sequence(x: torch.Tensor, group, dim: int = SEQ_DIM) -> torch.Tensor:
