@@ -810,7 +810,9 @@ def _launch_hooks_set() -> bool:
 
 
 FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
-DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64))
+# Both delta launches without FMA contraction: then gain 0 gives fp32_output's delta bit for bit on the GPU too
+# (with FMAs in the plain launch, 1-21 gradient elements differed: docs/device-runs/2026-12-01-house/README.md)
+DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DELTA_GAIN = _Kernel(_bwd_delta_gain_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _BWD_KEY)
 DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _BWD_KEY)
