@@ -6,7 +6,9 @@ rank).
 
 The smoke model shrunk to seconds, FP32, the fixed arm (paper rounding with the safe dynamic_max fix, whose per-row
 shift depends on the global head index). Each layout trains steps 1-6, stops, and resumes to step 10 from its own
-checkpoint; its losses, evaluation and monitor values must match one process's uninterrupted run. Checkpoints are
+checkpoint (the layouts checked for exact resumption: from their uninterrupted run's step-6 checkpoint, written
+after the same steps and evaluations); its losses, evaluation and monitor values must match one process's
+uninterrupted run. Checkpoints are
 also resumed under another layout (with and without sequence parallelism), and resuming within a layout is exact."""
 
 import shutil
@@ -49,7 +51,7 @@ def common(kjv_data, out_dir) -> list[str]:
             f"data.data_dir={kjv_data}", f"run.out_dir={out_dir}",
             "run.log_interval=1", "model.n_layer=2", "model.d_model=64", "model.n_head=2", "model.max_seq_len=64",
             "data.seq_len=64", "data.global_batch_size=8", "data.micro_batch_size=2", "optim.warmup_steps=2",
-            f"optim.decay_steps={STEPS}", "eval.interval=5", "eval.batches=2", "monitor.spectral_interval=5",
+            f"optim.decay_steps={STEPS}", "eval.interval=3", "eval.batches=2", "monitor.spectral_interval=5",
             "monitor.probe_interval=5", f"checkpoint.interval={FIRST_LEG}", "precision.dtype=fp32"]
 
 
@@ -74,14 +76,27 @@ def layout_run(common, out_dir):
         if name not in done:
             nproc, overrides = LAYOUTS[name]
             args = [*common, *overrides, f"run.experiment={name}"]
-            launch([*args, f"run.max_steps={FIRST_LEG}"], nproc)
-            out = launch([*args, f"run.max_steps={STEPS}"], nproc).stdout
-            assert "resumed from" in out and f"at step {FIRST_LEG}" in out
             straight = None
             if name in EXACT_RESUME:
+                # the uninterrupted run's step-6 checkpoint (saved right after the step-6 evaluation, as a first leg
+                # stopping at step 6 saves it: the two are the same state) is the interrupted run's first leg; one
+                # launch fewer
                 launch([*common, *overrides, f"run.experiment={name}_straight", f"run.max_steps={STEPS}"], nproc)
                 straight = all_scalars(run_dir(out_dir, f"{name}_straight"))
-            done[name] = all_scalars(run_dir(out_dir, name)), straight
+                first_leg = run_dir(out_dir, f"{name}_straight") / "checkpoints" / f"step_{FIRST_LEG:08d}.pt"
+                (run_dir(out_dir, name) / "checkpoints").mkdir(parents=True)
+                for path in (first_leg, first_leg.with_name(first_leg.name + ".sha256")):
+                    shutil.copy(path, run_dir(out_dir, name) / "checkpoints" / path.name)
+            else:
+                launch([*args, f"run.max_steps={FIRST_LEG}"], nproc)
+            out = launch([*args, f"run.max_steps={STEPS}"], nproc).stdout
+            assert "resumed from" in out and f"at step {FIRST_LEG}" in out
+            resumed = all_scalars(run_dir(out_dir, name))
+            if straight is not None:  # the first leg's steps are the uninterrupted run's
+                assert all(step > FIRST_LEG for series in resumed.values() for step in series), resumed
+                resumed = {tag: {**{s: v for s, v in straight.get(tag, {}).items() if s <= FIRST_LEG},
+                                 **resumed.get(tag, {})} for tag in set(straight) | set(resumed)}
+            done[name] = resumed, straight
         return done[name]
 
     return run
