@@ -192,13 +192,13 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt,
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        kt_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
+        k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
         v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
         if MASKED:
-            kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
+            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
         else:
-            kt = tl.load(kt_ptrs)
-        s = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT)
+            k = tl.load(k_ptrs)
+        s = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
         if MASKED:
             valid = cols[None, :] < T
             if CAUSAL:
@@ -237,12 +237,12 @@ def _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale,
     """S = LP(LP(q.k) * scale) of the key block at start_n (the authors' autocast rounds the product, then the
     scaled scores); masked entries -inf."""
     cols = start_n + tl.arange(0, BLOCK_N)
-    kt_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
+    k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
     if MASKED:
-        kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
+        k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
     else:
-        kt = tl.load(kt_ptrs)
-    qk = _mma(q, _loaded_operand(kt, EXPLICIT), None, EXPLICIT)
+        k = tl.load(k_ptrs)
+    qk = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
     s = _round_lp(_round_lp(qk, IS_BF16, EXPLICIT) * score_scale, IS_BF16, EXPLICIT)
     if MASKED:
         valid = cols[None, :] < T
@@ -504,21 +504,21 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
-        qt_ptrs = q_base + rows[None, :] * stride_qt + offs_d[:, None]
+        q_ptrs = q_base + rows[:, None] * stride_qt + offs_d[None, :]
         do_ptrs = do_base + rows[:, None] * stride_dot + offs_d[None, :]
         if MASKED:
-            qt = tl.load(qt_ptrs, mask=rows[None, :] < T, other=0.0)
+            q = tl.load(q_ptrs, mask=rows[:, None] < T, other=0.0)
             do = tl.load(do_ptrs, mask=rows[:, None] < T, other=0.0)
             lse = tl.load(lse_base + rows, mask=rows < T, other=0.0)
             delta = tl.load(delta_base + rows, mask=rows < T, other=0.0)
         else:
-            qt = tl.load(qt_ptrs)
+            q = tl.load(q_ptrs)
             do = tl.load(do_ptrs)
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-        qt = _loaded_operand(qt, EXPLICIT)
+        q = _loaded_operand(q, EXPLICIT)
         do = _loaded_operand(do, EXPLICIT)
-        pt = _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER, IS_BF16, EXPLICIT)
+        pt = _probs_t(k, tl.trans(q), lse, sm_scale, exp_scale, PAPER, IS_BF16, EXPLICIT)
         if MASKED:
             valid = (rows[None, :] < T) & (cols[:, None] < T)
             if CAUSAL:
@@ -527,7 +527,7 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
         dv = _mma(_lp_operand(pt, LP, IS_BF16, EXPLICIT), do, dv, EXPLICIT)
         dpt = _mma(v, tl.trans(do), None, EXPLICIT)
         dst = pt * (dpt - delta[None, :])
-        dk = _mma(_lp_operand(dst, LP, IS_BF16, EXPLICIT), tl.trans(qt), dk, EXPLICIT)
+        dk = _mma(_lp_operand(dst, LP, IS_BF16, EXPLICIT), q, dk, EXPLICIT)
     return dk, dv
 
 
@@ -605,17 +605,17 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, r
     lse2 = lse * 1.4426950408889634
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        kt_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
-        vt_ptrs = v_base + cols[None, :] * stride_vt + offs_d[:, None]
+        k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
+        v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
         if MASKED:
-            kt = tl.load(kt_ptrs, mask=cols[None, :] < T, other=0.0)
-            vt = tl.load(vt_ptrs, mask=cols[None, :] < T, other=0.0)
+            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
+            v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
         else:
-            kt = tl.load(kt_ptrs)
-            vt = tl.load(vt_ptrs)
-        kt = _loaded_operand(kt, EXPLICIT)
-        vt = _loaded_operand(vt, EXPLICIT)
-        qk = _mma(q, kt, None, EXPLICIT)
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        k = _loaded_operand(k, EXPLICIT)
+        v = _loaded_operand(v, EXPLICIT)
+        qk = _mma(q, tl.trans(k), None, EXPLICIT)
         if PAPER:
             s = _round_lp(_round_lp(qk, IS_BF16, EXPLICIT) * sm_scale, IS_BF16, EXPLICIT)
             p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
@@ -626,9 +626,9 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, r
             if CAUSAL:
                 valid = valid & (rows[:, None] >= cols[None, :])
             p = tl.where(valid, p, 0.0)
-        dp = _mma(do, vt, None, EXPLICIT)
+        dp = _mma(do, tl.trans(v), None, EXPLICIT)
         ds = p * (dp - delta[:, None])
-        dq = _mma(_lp_operand(ds, LP, IS_BF16, EXPLICIT), tl.trans(kt), dq, EXPLICIT)
+        dq = _mma(_lp_operand(ds, LP, IS_BF16, EXPLICIT), k, dq, EXPLICIT)
     return dq
 
 
