@@ -3,7 +3,8 @@
     python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--out FILE.md]
 
 Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
-``triton.testing.do_bench``. Before timing, each mode's output and gradients (with the autotuned configurations)
+``triton.testing.do_bench`` (eager: host overhead included) and of ``do_bench_cudagraph`` (the same fwd+bwd replayed
+as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before timing, each mode's output and gradients (with the autotuned configurations)
 are checked against SDPA (relative error of a bf16 kernel, 2e-2 allowed for paper rounding). The Triton kernels are
 autotuned on the first call of every shape.
 """
@@ -73,7 +74,7 @@ def sdpa_fn(backend):
 
 
 def measure(fn, q, k, v, d_out, rep_ms):
-    """(fwd ms, fwd+bwd ms) of fn."""
+    """(fwd ms, eager fwd+bwd ms, fwd+bwd ms replayed as a CUDA graph) of fn."""
     def fwd():
         with torch.no_grad():
             fn(q, k, v)
@@ -82,9 +83,16 @@ def measure(fn, q, k, v, d_out, rep_ms):
         q.grad = k.grad = v.grad = None
         fn(q, k, v).backward(d_out)
 
+    def grads():
+        return torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
+
     fwd_bwd()  # compile / autotune outside the timing
     fwd()
-    return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms)
+    grads()
+    import triton
+
+    graph_ms = triton.testing.do_bench_cudagraph(grads, rep=rep_ms, return_mode="median")
+    return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms), graph_ms
 
 
 def breakdown(q, k, v, d_out, rep_ms, log, shape):
@@ -124,7 +132,8 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
     cfg = {n: str(kernel.chosen.get(k)) for n, kernel, k in (
         ("fwd", tf.FWD, ("fwd", shape[2], shape[3], True, False, 0, 0, torch.bfloat16)),
         ("dkdv", tf.DKDV, ("dkdv", shape[2], shape[3], True, False, torch.bfloat16)),
-        ("dq", tf.DQ, ("dq", shape[2], shape[3], True, False, torch.bfloat16)))}
+        ("dq", tf.DQ, next((k for k in tf.DQ.chosen if k[2:] == (shape[2], shape[3], True, False, torch.bfloat16)),
+                           None)))}
     log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
         f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; fwd+bwd step eager {t_eager_step:.3f} ms vs via "
         f"custom ops {t_op_step:.3f} ms, eager step host-issue time {host_step:.3f} ms/call; configs {cfg}")
@@ -177,12 +186,13 @@ def run(shapes, modes, rep_ms, log):
                                  "not timing")
             err = max(err, gerr)
             results[mode] = measure(fn, q, k, v, d_out, rep_ms)
-            log(f"{shape} {mode}: fwd {results[mode][0]:.3f} ms, fwd+bwd {results[mode][1]:.3f} ms, rel err vs SDPA "
+            log(f"{shape} {mode}: fwd {results[mode][0]:.3f} ms, fwd+bwd {results[mode][1]:.3f} ms (eager), "
+                f"{results[mode][2]:.3f} ms (GPU), rel err vs SDPA "
                 f"(O and grads) {err:.1e} ({time.time() - t0:.0f} s with tuning)")
         if "fa2/none" in modes:
             breakdown(q, k, v, d_out, rep_ms, log, shape)
-        for name, (t_fwd, t_all) in results.items():
-            rows.append((shape, name, f_fwd / t_fwd / 1e9, f_all / t_all / 1e9))
+        for name, (t_fwd, t_all, t_gpu) in results.items():
+            rows.append((shape, name, f_fwd / t_fwd / 1e9, f_all / t_all / 1e9, f_all / t_gpu / 1e9))
         del q, k, v, d_out
         torch.cuda.empty_cache()
     return rows
@@ -190,19 +200,19 @@ def run(shapes, modes, rep_ms, log):
 
 def to_markdown(rows, device: str) -> str:
     by_shape = {}
-    for shape, name, tf_fwd, tf_all in rows:
-        by_shape.setdefault(shape, {})[name] = (tf_fwd, tf_all)
-    lines = [f"Attention benchmark on {device}, torch {torch.__version__}, causal bf16 (TFLOP/s; ratios of fwd+bwd).",
-             "", "| B,H,T,D | impl | fwd TFLOP/s | fwd+bwd TFLOP/s | / SDPA flash | / SDPA cuDNN | / same rounding, "
-             "fix=none |", "|---|---|---|---|---|---|---|"]
+    for shape, name, tf_fwd, tf_all, tf_gpu in rows:
+        by_shape.setdefault(shape, {})[name] = (tf_fwd, tf_all, tf_gpu)
+    lines = [f"Attention benchmark on {device}, torch {torch.__version__}, causal bf16 (TFLOP/s; ratios of the "
+             "fwd+bwd GPU times).", "", "| B,H,T,D | impl | fwd TFLOP/s | fwd+bwd TFLOP/s eager | fwd+bwd TFLOP/s GPU "
+             "| / SDPA flash | / SDPA cuDNN | / same rounding, fix=none |", "|---|---|---|---|---|---|---|---|"]
     for shape, res in by_shape.items():
-        flash = res.get("sdpa-flash", (None, None))[1]
-        cudnn = res.get("sdpa-cudnn", (None, None))[1]
-        for name, (tf_fwd, tf_all) in res.items():
-            ratio = lambda ref: f"{tf_all / ref:.2f}" if ref else "-"  # noqa: E731
-            base = res.get(name.split("/")[0] + "/none", (None, None))[1] if "/" in name else None
-            lines.append(f"| {','.join(map(str, shape))} | {name} | {tf_fwd:.0f} | {tf_all:.0f} | {ratio(flash)} | "
-                         f"{ratio(cudnn)} | {ratio(base)} |")
+        flash = res.get("sdpa-flash", (None,) * 3)[2]
+        cudnn = res.get("sdpa-cudnn", (None,) * 3)[2]
+        for name, (tf_fwd, tf_all, tf_gpu) in res.items():
+            ratio = lambda ref: f"{tf_gpu / ref:.2f}" if ref else "-"  # noqa: E731
+            base = res.get(name.split("/")[0] + "/none", (None,) * 3)[2] if "/" in name else None
+            lines.append(f"| {','.join(map(str, shape))} | {name} | {tf_fwd:.0f} | {tf_all:.0f} | {tf_gpu:.0f} | "
+                         f"{ratio(flash)} | {ratio(cudnn)} | {ratio(base)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,10 @@ the same micro-batches, BF16 autocast on a GPU, FP32 weights and fused AdamW:
 - ``sdpa_<backend>``: a plain GPT written here (fused QKV, ``scaled_dot_product_attention`` restricted to one SDPA
   backend, tied embeddings, pre-LN, tanh-GELU), compiled with ``torch.compile`` unless ``--no-compile-baseline``:
   what a user of a nanoGPT-style trainer runs today.
+- ``te``: the same GPT built from Transformer Engine layers, what a Megatron/TE user runs today: LayerNormLinear
+  QKV and Linear projection in BF16, ``DotProductAttention`` on TE's fused (cuDNN) backend, and ``LayerNormMLP`` in
+  FP8 with the recipe's scaling recipe (``precision.fp8_recipe``) when ``precision.fp8_ffn`` is on, else BF16.
+  Eager (TE's modules are not meant for torch.compile); GPU only.
 
 Reported per side: tokens/s (median over the steps after the first ``--skip``), MFU against the device's dense BF16
 peak (same FLOPs per token for both sides: 6N + 12 L d T), and the ratio to the first baseline. On a CPU use the
@@ -23,6 +27,7 @@ peak (same FLOPs per token for both sides: 6N + 12 L d T), and the ratio to the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -43,6 +48,7 @@ from launcher.parallel.dims import ParallelDims
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
+BASELINES = (*SDPA_BACKENDS, "te")
 
 
 class _Block(nn.Module):
@@ -65,13 +71,40 @@ class _Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
-class MinimalGPT(nn.Module):
-    """The baseline: nanoGPT's structure in a few lines (no dropout, no biases, tied embeddings)."""
+class _TEBlock(nn.Module):
+    """One block of Transformer Engine layers (the ``te`` baseline): attention in BF16 through TE's fused
+    attention, the LayerNorm + MLP in FP8 under ``te.autocast`` when ``recipe`` is given."""
 
-    def __init__(self, vocab: int, context: int, layers: int, heads: int, d: int, backend: str | None = None):
+    def __init__(self, d: int, heads: int, recipe):
+        super().__init__()
+        import transformer_engine.pytorch as te
+
+        self.te, self.heads, self.recipe = te, heads, recipe
+        self.qkv = te.LayerNormLinear(d, 3 * d, bias=False, params_dtype=torch.float32)
+        self.attn = te.DotProductAttention(heads, d // heads, attn_mask_type="causal", qkv_format="bshd")
+        self.proj = te.Linear(d, d, bias=False, params_dtype=torch.float32)
+        self.mlp = te.LayerNormMLP(d, 4 * d, bias=False, activation="gelu", params_dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        x = x + self.proj(self.attn(q, k, v))
+        with self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe):
+            return x + self.mlp(x)
+
+
+class MinimalGPT(nn.Module):
+    """The baseline: nanoGPT's structure in a few lines (no dropout, no biases, tied embeddings). ``backend`` "te":
+    Transformer Engine blocks (``_TEBlock``, FP8 MLPs with ``fp8_recipe``), else SDPA blocks on that backend."""
+
+    def __init__(self, vocab: int, context: int, layers: int, heads: int, d: int, backend: str | None = None,
+                 fp8_recipe=None):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
-        self.blocks = nn.ModuleList(_Block(d, heads, backend) for _ in range(layers))
+        if backend == "te":
+            self.blocks = nn.ModuleList(_TEBlock(d, heads, fp8_recipe) for _ in range(layers))
+        else:
+            self.blocks = nn.ModuleList(_Block(d, heads, backend) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d, bias=False)
         for p in self.parameters():
             if p.dim() > 1:
@@ -178,7 +211,13 @@ def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: i
                   profile_to: Path | None = None):
     m, data = config.model, config.data
     torch.manual_seed(config.run.seed)
-    model = MinimalGPT(m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.d_model, backend).to(device)
+    fp8_recipe = None
+    if backend == "te":
+        fp8_recipe = _te_baseline_setup(config, device)
+        compile_model = False
+    with device if backend == "te" else contextlib.nullcontext():  # TE's modules allocate on the current device
+        model = MinimalGPT(m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.d_model, backend, fp8_recipe)
+    model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, fused=device.type == "cuda")
     forward = torch.compile(model) if compile_model else model
     accumulation = data.global_batch_size // data.micro_batch_size
@@ -196,7 +235,30 @@ def time_baseline(config, backend: str, compile_model: bool, steps: int, skip: i
         optimizer.zero_grad(set_to_none=True)
 
     return _median_tokens_per_s(step, steps, skip, data.global_batch_size * data.seq_len, device, profile_to,
-                                f"sdpa_{backend}")
+                                _side_name(backend))
+
+
+def _side_name(backend: str) -> str:
+    return "te" if backend == "te" else f"sdpa_{backend}"
+
+
+def _te_baseline_setup(config, device: torch.device):
+    """Checks for the ``te`` baseline and its FP8 scaling recipe (None: BF16 MLPs). TE's attention is pinned to its
+    fused (cuDNN) backend, the one it picks on Hopper when the flash-attn package is absent."""
+    import os
+
+    from launcher.fp8 import make_recipe
+
+    if device.type != "cuda":
+        raise ConfigError("--baselines te runs Transformer Engine, which needs a CUDA GPU; leave it out on a CPU")
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except (ImportError, OSError) as err:
+        raise ConfigError(f"--baselines te needs Transformer Engine ({type(err).__name__}: {err}); install the "
+                          "'gpu' extra") from None
+    os.environ.setdefault("NVTE_FLASH_ATTN", "0")
+    os.environ.setdefault("NVTE_FUSED_ATTN", "1")
+    return make_recipe(config.precision) if config.precision.fp8_ffn else None
 
 
 def main(argv=None) -> int:
@@ -207,7 +269,9 @@ def main(argv=None) -> int:
     parser.add_argument("--arm", help="the recipe's arm (default: its first)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--skip", type=int, default=4, help="first steps left out of the median (compilation)")
-    parser.add_argument("--baselines", default="flash,cudnn", help=f"SDPA backends: {', '.join(SDPA_BACKENDS)}")
+    parser.add_argument("--baselines", default="flash,cudnn",
+                        help=f"comma-separated: SDPA backends ({', '.join(SDPA_BACKENDS)}) and/or te (Transformer "
+                             "Engine layers, GPU)")
     parser.add_argument("--no-compile-baseline", action="store_true", help="run the baseline eagerly")
     parser.add_argument("--also", action="append", default=[], metavar="OVERRIDES",
                         help="time the recipe again with these extra overrides (space-separated section.field=value); "
@@ -219,9 +283,9 @@ def main(argv=None) -> int:
     args = parser.parse_intermixed_args(argv)
     profile_to = Path(args.profile) if args.profile else None
     baselines = [b for b in args.baselines.split(",") if b]
-    unknown = [b for b in baselines if b not in SDPA_BACKENDS]
+    unknown = [b for b in baselines if b not in BASELINES]
     if unknown or not baselines or args.steps <= args.skip:
-        parser.error(f"--baselines takes one or more of {', '.join(SDPA_BACKENDS)} (got {args.baselines!r}), and "
+        parser.error(f"--baselines takes one or more of {', '.join(BASELINES)} (got {args.baselines!r}), and "
                      f"--steps must exceed --skip")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,9 +310,14 @@ def main(argv=None) -> int:
             return {"side": side, "tokens_per_s": rate, **({"profile": prof} if prof else {})}
 
         for backend in baselines:
-            print(f"[train_speed] sdpa_{backend} (compile={not args.no_compile_baseline})", flush=True)
-            baseline_rows.append(row(f"sdpa_{backend}", time_baseline(
-                config, backend, not args.no_compile_baseline, args.steps, args.skip, device, profile_to)))
+            compiled = not args.no_compile_baseline and backend != "te"
+            print(f"[train_speed] {_side_name(backend)} (compile={compiled})", flush=True)
+            try:
+                result = time_baseline(config, backend, compiled, args.steps, args.skip, device, profile_to)
+            except ConfigError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+            baseline_rows.append(row(_side_name(backend), result))
         for name, variant in variants:
             print(f"[train_speed] {name} ({args.recipe}, arm {variant.run.arm}): attention "
                   f"{variant.attention.backend} {variant.attention.numerics}, compile={variant.run.compile}, "

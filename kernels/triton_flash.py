@@ -30,6 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side TMA descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the dQ kernel keeps its pointer loads
+    TensorDescriptor = None
+
 from kernels.modes import FIX_FP32_OUTPUT, PAPER_BLOCK_KEYS, Numerics, check_args
 from kernels.reference import effective_output
 
@@ -596,23 +601,33 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stri
 
 
 @triton.jit
-def _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi, sm_scale,
-                  exp_scale,
-                  LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                  PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+def _key_rows(X, b, hk, start_n, x_base, stride_t, cols, offs_d, T, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+              MASKED: tl.constexpr, TMA: tl.constexpr):
+    """Rows [start_n, start_n + BLOCK_N) of k or v (BLOCK_N x head_dim, LP), zeros past T: a TMA load through the
+    4-D tensor descriptor X (it zero-fills out-of-bounds rows), else a pointer load from x_base (this head's rows)."""
+    if TMA:
+        x = X.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        ptrs = x_base + cols[:, None] * stride_t + offs_d[None, :]
+        if MASKED:
+            x = tl.load(ptrs, mask=cols[:, None] < T, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi,
+                  sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
+                  EXPLICIT: tl.constexpr, TMA: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
     offs_n = tl.arange(0, BLOCK_N)
     lse2 = lse * 1.4426950408889634
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
-            v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        k = _key_rows(K, b, hk, start_n, k_base, stride_kt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
+        v = _key_rows(V, b, hk, start_n, v_base, stride_vt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
         k = _loaded_operand(k, EXPLICIT)
         v = _loaded_operand(v, EXPLICIT)
         qk = _mma(q, tl.trans(k), None, EXPLICIT)
@@ -637,8 +652,9 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
                    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh,
                    stride_dqt, H, GROUP, T, exp_scale, sm_scale, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
-                   IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
-    """dQ of one query tile of one head."""
+                   IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
+    """dQ of one query tile of one head. TMA: K and V are 4-D tensor descriptors (``_kv_descriptors``), not
+    pointers; their tiles then come through the TMA unit (1.3-1.6x faster on the H200: docs/attention-kernel.md)."""
     LP: tl.constexpr = DQ.dtype.element_ty
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -655,8 +671,13 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
     delta = tl.load(DELTA + bh * T + rows, mask=row_ok, other=0.0)
     q = _loaded_operand(q, EXPLICIT)
     do = _loaded_operand(do, EXPLICIT)
-    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
-    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    hk = h // GROUP
+    if TMA:
+        k_base = K  # unused: the descriptors address the tiles
+        v_base = V
+    else:
+        k_base = K + b * stride_kb + hk * stride_kh
+        v_base = V + b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if CAUSAL:
         full_hi = (start_m // BLOCK_N) * BLOCK_N
@@ -665,13 +686,16 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
         full_hi = (T // BLOCK_N) * BLOCK_N
         hi = T
     if start_m + BLOCK_M <= T:
-        dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, 0, full_hi,
-                           sm_scale, exp_scale, LP, BLOCK_N, False, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+        dq = _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
+                           0, full_hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, False, CAUSAL, PAPER, IS_BF16,
+                           EXPLICIT, TMA)
     else:
-        dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, 0, full_hi,
-                           sm_scale, exp_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
-    dq = _bwd_dq_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, full_hi, hi,
-                       sm_scale, exp_scale, LP, BLOCK_N, True, CAUSAL, PAPER, IS_BF16, EXPLICIT)
+        dq = _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
+                           0, full_hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER, IS_BF16,
+                           EXPLICIT, TMA)
+    dq = _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
+                       full_hi, hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER, IS_BF16,
+                       EXPLICIT, TMA)
     dq = dq * sm_scale
     if EXPLICIT:
         dq = _round_lp(dq, IS_BF16, EXPLICIT)
@@ -690,6 +714,7 @@ FIXED_DQ = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 _FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "PAPER_TILE", "FIX", "IS_BF16"]
 _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
+_DQ_KEY = _BWD_KEY + ["TMA"]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, head dims the config is tried for; the others are pruned before they are
 # compiled). The forward needs BLOCK_M to be a multiple of BLOCK_N (its causal split into full and diagonal tiles),
 # and in rounding=paper a BLOCK_N no larger than the paper tile (its blocks must not straddle two tiles).
@@ -707,10 +732,23 @@ _DQ_CONFIGS = [(128, 32, 4, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, 
                (128, 64, 8, 2, _D128), (64, 64, 8, 2, _D128)]
 
 
+def _set_descriptor_blocks(args, block_n: int) -> None:
+    """Tensor descriptors in a launch's arguments hold key rows (dQ's k and v): their block is BLOCK_N rows of one
+    (batch, head), set for the configuration about to run (the descriptor's block shape is part of the binary)."""
+    for arg in args:
+        if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
+            arg.block_shape[2] = block_n
+
+
+def _descriptor_pre_hook(nargs: dict) -> None:
+    """Autotuner pre-hook: ``_set_descriptor_blocks`` for the configuration being timed (nargs holds its BLOCK_N)."""
+    _set_descriptor_blocks(nargs.values(), nargs["BLOCK_N"])
+
+
 def _configs(shapes):
     out = []
     for bm, bn, w, st, dims in shapes:
-        cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+        cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st, pre_hook=_descriptor_pre_hook)
         cfg.head_dims = dims  # read by _prune_configs only
         out.append(cfg)
     return out
@@ -731,6 +769,18 @@ _PRUNE = {"early_config_prune": _prune_configs}
 # Launch without Triton's per-call binding (see _Kernel); ``set_fast_launch(False)`` launches every call through
 # Triton's JIT entry point instead, e.g. to compare the two (benchmarks.host_overhead). Same bits either way.
 FAST_LAUNCH = True
+# dQ's k and v tiles through TMA descriptors where the GPU and the tensors allow it (``_tma_ok``); ``set_tma(False)``
+# keeps the pointer loads, e.g. to compare the two. Same bits either way (tests/gpu/test_attention_gpu.py).
+TMA = True
+
+
+def set_tma(enabled: bool) -> bool:
+    """Load dQ's k/v tiles through TMA descriptors where possible (True, the default) or through pointers (False);
+    returns the previous setting. A host-side choice for this process: results are identical."""
+    global TMA
+    previous, TMA = TMA, bool(enabled)
+    return previous
+
 
 
 def set_fast_launch(enabled: bool) -> bool:
@@ -779,12 +829,12 @@ class _Kernel:
                 cfg = self.chosen[tune_key] = dict(self.tuner.best_config.all_kwargs())
                 return cfg
         g = grid(cfg)
+        _set_descriptor_blocks(tensors, cfg.get("BLOCK_N", 0))
         if INTERPRET or not FAST_LAUNCH or _launch_hooks_set():
             self.fn[g](*tensors, *ints, *floats, **meta, **cfg)
             return cfg
-        device = tensors[0].device.index
-        key = (device, tuple(meta.values()), tuple(cfg.values()), ints,
-               tuple((t.dtype, t.data_ptr() & 15 == 0) for t in tensors))
+        device = (tensors[0].base if _is_descriptor(tensors[0]) else tensors[0]).device.index
+        key = (device, tuple(meta.values()), tuple(cfg.values()), ints, tuple(_arg_key(t) for t in tensors))
         binary = self.binaries.get(key)
         if binary is None:
             compiled = self.fn[g](*tensors, *ints, *floats, **meta, **cfg)  # compiles (or loads) and launches
@@ -803,6 +853,17 @@ class _Kernel:
         return cfg
 
 
+def _is_descriptor(arg) -> bool:
+    return TensorDescriptor is not None and isinstance(arg, TensorDescriptor)
+
+
+def _arg_key(arg):
+    """What of a tensor argument selects the binary: its dtype and 16-byte alignment; a descriptor's block shape."""
+    if _is_descriptor(arg):
+        return "desc", arg.base.dtype, tuple(arg.block_shape)
+    return arg.dtype, arg.data_ptr() & 15 == 0
+
+
 def _launch_hooks_set() -> bool:
     """Whether a launch hook is registered (Triton >= 3.5 keeps an always-present, possibly empty hook chain)."""
     hook = triton.knobs.runtime.launch_enter_hook
@@ -815,7 +876,7 @@ FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
 DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DELTA_GAIN = _Kernel(_bwd_delta_gain_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _BWD_KEY)
-DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _BWD_KEY)
+DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _DQ_KEY)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -836,6 +897,32 @@ def _check_device(*tensors: torch.Tensor) -> None:
             raise RuntimeError("kernels.flash_attention needs CUDA tensors. On CPU use kernels.reference_attention "
                                "(same numerics), or set TRITON_INTERPRET=1 before importing kernels.triton_flash "
                                "(tests only: the interpreter is slow).")
+
+
+_TMA_DEVICES: dict = {}  # CUDA device index -> whether it has a TMA unit (sm_90 and later)
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether dQ may read these (k, v) through TMA descriptors: enabled, compiled (not interpreted), a GPU with TMA,
+    16-byte aligned base addresses and positive strides that are multiples of 16 bytes (the last one 1)."""
+    if not TMA or INTERPRET or TensorDescriptor is None:
+        return False
+    device = tensors[0].device.index
+    if device not in _TMA_DEVICES:
+        _TMA_DEVICES[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    if not _TMA_DEVICES[device]:
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or any(st <= 0 or st * size % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _kv_descriptors(k: torch.Tensor, v: torch.Tensor):
+    """4-D (batch, heads, seq, head_dim) TMA descriptors of k and v; the block (one head's BLOCK_N key rows) is set
+    per configuration by ``_set_descriptor_blocks``."""
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, t.shape[-1]]) for t in (k, v))
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -888,6 +975,7 @@ class _Launch:
 
     def with_config(self, cfg: dict):
         """Launch with configuration cfg (constexprs BLOCK_M/BLOCK_N and options) through Triton's own path."""
+        _set_descriptor_blocks(self.tensors, cfg.get("BLOCK_N", 0))
         return self.kernel.fn[self.grid(cfg)](*self.tensors, *self.ints, *self.floats, **self.meta, **cfg)
 
 
@@ -970,8 +1058,11 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     dkdv_launch = _Launch(DKDV, lambda c: (_cdiv(seq, c["BLOCK_N"]), kv_rows), (q, k, v, d_out, lse, delta, dk, dv),
                           inputs + (dks[0], dks[1], dks[2], dvs[0], dvs[1], dvs[2]) + tail, floats, meta,
                           (("dkdv",) + key) if autotune else None)
-    dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k, v, d_out, lse, delta, dq),
-                        inputs + (dqs[0], dqs[1], dqs[2]) + tail, floats, meta, (("dq",) + key) if autotune else None)
+    tma = _tma_ok(k, v)
+    k_arg, v_arg = _kv_descriptors(k, v) if tma else (k, v)
+    dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k_arg, v_arg, d_out, lse, delta, dq),
+                        inputs + (dqs[0], dqs[1], dqs[2]) + tail, floats, {**meta, "TMA": tma},
+                        (("dq", tma) + key) if autotune else None)
     return (delta_launch, dkdv_launch, dq_launch), (dq, dk, dv)
 
 

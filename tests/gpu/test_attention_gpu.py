@@ -195,6 +195,32 @@ def test_cached_launch_equals_tritons_launch(compiled_kernels, monkeypatch, roun
     assert len(tf.FWD.binaries) >= 2, "the aligned and the unaligned call should have their own binaries"
 
 
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_tma_loads_give_the_pointer_loads_bits(compiled_kernels, monkeypatch, rounding, fix, seed):
+    """dQ reads k and v through TMA descriptors where it may (``_tma_ok``): the same gradients, bit for bit, as its
+    pointer loads, with a ragged last tile (TMA's zero fill past the sequence) and grouped-query heads, in the
+    model's layout."""
+    tf = compiled_kernels
+    seq = int(torch.randint(200, 400, (1,)))
+    q = torch.randn(2, seq, 4, 64, device="cuda").bfloat16().transpose(1, 2)
+    k, v = (torch.randn(2, seq, 2, 64, device="cuda").bfloat16().transpose(1, 2) for _ in range(2))
+    d_out = torch.randn_like(q)
+    assert tf._tma_ok(k, v), "an H100/H200 with aligned model-layout inputs should take the TMA path"
+
+    def grads(tma):
+        monkeypatch.setattr(tf, "TMA", tma)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        flash_attention(*leaves, True, rounding, fix).backward(d_out)
+        return [t.grad for t in leaves]
+
+    expected = grads(False)
+    got = grads(True)
+    for name, a, b in zip("qkv", got, expected):
+        assert torch.equal(a, b), f"seed={seed} seq={seq}: d{name}"
+    descriptor_binaries = [key for key in tf.DQ.binaries if any(arg[0] == "desc" for arg in key[-1])]
+    assert descriptor_binaries, "no dQ launch went through the descriptors"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Noise keys: fix=stochastic_output and the delta-error stress (delta_gain / delta_sign)
 # --------------------------------------------------------------------------------------------------------------

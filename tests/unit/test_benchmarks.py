@@ -51,3 +51,15 @@ def test_minimal_gpt_counts_like_the_recipe_model():
     assert matrices(baseline) == matrices(ours)
     x = torch.randint(0, 128, (2, 16))
     assert torch.isfinite(baseline(x, x))
+
+
+def test_train_speed_te_baseline_says_it_needs_a_gpu(capsys):
+    """The Transformer Engine baseline on a machine without CUDA: a one-line error and exit status 2."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU: the te baseline runs (benchmarked on the device, docs/results.md)")
+    code = train_speed.main(["smoke", "model.vocab_size=512", "--baselines", "te", "--steps", "2", "--skip", "1"])
+    assert code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
