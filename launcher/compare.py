@@ -275,9 +275,9 @@ def panel_note(steps: int, what: str, diverged: bool = False) -> str:
                        "paper's accumulating error is a drift that keeps growing over thousands of steps" if early
                        else "a curve that keeps drifting one way in one arm is the accumulating error"),
         "tie_rate": ("ties are a property of the scores, and the arms' weights part after the first steps: a higher "
-                     "tie rate in one arm says nothing about the fix (the fix removes the bias of a tie, not the "
-                     "tie)" if early else
-                     "the tie rate is the precondition of the bias, in both arms; the fix removes the bias, not ties"),
+                     "tie rate in one arm says nothing about the fix (a fix removes the bias ties cause, e.g. "
+                     "fp32_output takes delta from the FP32 O; it does not stop scores from tying)" if early else
+                     "the tie rate is the precondition of the bias, in both arms; a fix removes the bias, not ties"),
         "max_logit": ("logits grow while attention sharpens in early training, differently per arm once their "
                       "weights part; not a sign of failure at this length" if early else
                       "logits that keep growing in one arm go with the W_Q growth"),
@@ -693,7 +693,8 @@ brightening in the baseline, and not in the fixed arm, for thousands of steps be
 around zero. A level reached in the first probe calls and flat afterwards is one early event, not an accumulation.</li>
 <li><b>Tie rate</b>: fraction of probe rows whose maximum score is attained at least twice (within attention.eps),
 the precondition of the biased rounding. The arms' scores part once their weights do, so their tie rates differ;
-the fix removes the bias of a tie, not the tie.</li>
+a fix removes the bias that ties cause (fp32_output: delta from the FP32 O; dynamic_max: a shifted maximum), not the
+ties.</li>
 <li>Each panel says under it what its run length can and cannot show.</li>
 </ul>
 """
@@ -758,8 +759,8 @@ def write_report(experiment_dir, out_dir=None, *, layout: bool = True, quiet: bo
                                 "sum of delta_lp - delta_hp", "delta_bias"),
                panels.per_layer("tie_rate.png", "attn", "tie_rate", "tie rate per layer (probe batch)",
                                 "Fraction of probe rows whose maximum score is attained >= 2 times within "
-                                "attention.eps, in the run's score precision. The fix removes the bias of a tie, "
-                                "not the tie.", "tie rate", "tie_rate"),
+                                "attention.eps, in the run's score precision. A fix removes the bias ties cause "
+                                "(fp32_output: delta from the FP32 O), not the ties.", "tie rate", "tie_rate"),
                panels.per_layer("max_logit.png", "attn", "max_logit", "maximum attention logit per layer",
                                 "Largest scaled score alpha q.k on the probe batch.", "max logit", "max_logit")]
     summary = summarize(arms, divergences, crit, grew)

@@ -229,6 +229,20 @@ class LocalEngine(Engine):
         self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
 
 
+def import_deepspeed():
+    """DeepSpeed, imported for an engine. On a CPU, DeepSpeed's communication backend JIT-compiles a shared-memory
+    all-reduce op when it starts (about 50 s on two cores, once per machine and DeepSpeed install) that only its
+    inference path calls (``inference_all_reduce``); training reduces through torch.distributed. The op is marked
+    unavailable first, so the backend starts without building it (on a GPU there is no such op to skip)."""
+    import deepspeed
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
 class ZeroEngine(Engine):
     """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel).
 
@@ -246,7 +260,7 @@ class ZeroEngine(Engine):
 
     def _start_deepspeed(self, ds_config: dict, run_dir: Optional[Path], mpu) -> None:
         """deepspeed.initialize around ``self.model`` with the recipe's AdamW; the JSON config goes to the run folder."""
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         if run_dir is not None and self.dims.is_logging_rank:
             run_dir.mkdir(parents=True, exist_ok=True)

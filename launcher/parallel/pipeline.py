@@ -45,7 +45,7 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
-from launcher.parallel.engine import ZeroEngine, deepspeed_config
+from launcher.parallel.engine import ZeroEngine, deepspeed_config, import_deepspeed
 
 FIRST_BLOCK = 2  # pipeline layers 0 and 1 are the token embedding and the positions; the blocks follow
 
@@ -162,7 +162,7 @@ class PipelineStage:
 def build_stage(gpt: nn.Module, config: Config, dims: ParallelDims) -> PipelineStage:
     """This rank's stage of ``gpt`` (tensor-split, attention bound, on the CPU) moved to ``dims.device``; the other
     stages' layers stay where they are. Every rank of the layout must call it."""
-    import deepspeed
+    deepspeed = import_deepspeed()
     from deepspeed.pipe import PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
