@@ -654,7 +654,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                    IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
     """dQ of one query tile of one head. TMA: K and V are 4-D tensor descriptors (``_kv_descriptors``), not
-    pointers; their tiles then come through the TMA unit (1.3-1.6x faster on the H200: docs/attention-kernel.md)."""
+    pointers; their tiles then come through the TMA unit (1.3-1.6x faster in a probe copy of this loop on the H200;
+    the benchmark of this kernel did not show it yet: docs/attention-kernel.md, "Speed")."""
     LP: tl.constexpr = DQ.dtype.element_ty
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -736,7 +737,7 @@ def _set_descriptor_blocks(args, block_n: int) -> None:
     """Tensor descriptors in a launch's arguments hold key rows (dQ's k and v): their block is BLOCK_N rows of one
     (batch, head), set for the configuration about to run (the descriptor's block shape is part of the binary)."""
     for arg in args:
-        if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
+        if _is_descriptor(arg):
             arg.block_shape[2] = block_n
 
 
