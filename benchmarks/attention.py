@@ -129,15 +129,10 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
         eager_step()
     host_step = (time.perf_counter() - t0) / 20 * 1e3
     torch.cuda.synchronize()
-    def tuned(kernel, name):  # the configuration the autotuner chose for this shape in fa2/none (bf16, causal)
-        for key, cfg in kernel.chosen.items():
-            fields = key[key.index(shape[2]):]  # after the kernel's name (and dQ's TMA flag): seq, dim, causal, ...
-            if key[0] == name and fields[:4] == (shape[2], shape[3], True, False) and torch.bfloat16 in fields:
-                if name != "fwd" or (fields[5] == 0 and not fields[-1]):  # forward: fix none, no FP32 O
-                    return str(cfg)
-        return "not tuned"
-
-    cfg = {name: tuned(kernel, name) for name, kernel in (("fwd", tf.FWD), ("dkdv", tf.DKDV), ("dq", tf.DQ))}
+    fwd_launch = tf._forward_launch(q, k, v, True, nm)[0]
+    (_, dkdv_launch, dq_launch), _ = tf._backward_launches(d_out, q, k, v, out, lse, True, nm)
+    cfg = {name: str(launch.kernel.chosen.get(launch.tune_key, "not tuned"))
+           for name, launch in (("fwd", fwd_launch), ("dkdv", dkdv_launch), ("dq", dq_launch))}
     log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
         f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; fwd+bwd step eager {t_eager_step:.3f} ms vs via "
         f"custom ops {t_op_step:.3f} ms, eager step host-issue time {host_step:.3f} ms/call; configs {cfg}")

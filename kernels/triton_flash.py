@@ -830,11 +830,12 @@ class _Kernel:
                 cfg = self.chosen[tune_key] = dict(self.tuner.best_config.all_kwargs())
                 return cfg
         g = grid(cfg)
-        _set_descriptor_blocks(tensors, cfg.get("BLOCK_N", 0))
+        if meta.get("TMA"):  # only dQ's launch carries descriptors, and only then
+            _set_descriptor_blocks(tensors, cfg["BLOCK_N"])
         if INTERPRET or not FAST_LAUNCH or _launch_hooks_set():
             self.fn[g](*tensors, *ints, *floats, **meta, **cfg)
             return cfg
-        device = (tensors[0].base if _is_descriptor(tensors[0]) else tensors[0]).device.index
+        device = tensors[0].device.index  # a tensor in every launch (descriptors come later: dQ's k and v)
         key = (device, tuple(meta.values()), tuple(cfg.values()), ints, tuple(_arg_key(t) for t in tensors))
         binary = self.binaries.get(key)
         if binary is None:
@@ -976,7 +977,8 @@ class _Launch:
 
     def with_config(self, cfg: dict):
         """Launch with configuration cfg (constexprs BLOCK_M/BLOCK_N and options) through Triton's own path."""
-        _set_descriptor_blocks(self.tensors, cfg.get("BLOCK_N", 0))
+        if self.meta.get("TMA"):
+            _set_descriptor_blocks(self.tensors, cfg["BLOCK_N"])
         return self.kernel.fn[self.grid(cfg)](*self.tensors, *self.ints, *self.floats, **self.meta, **cfg)
 
 
