@@ -32,13 +32,14 @@ def job_env(**extra) -> dict:
     return {**launcher_env(), "RECIPE": "smoke", "PYTHON": sys.executable, **extra}
 
 
-def paused_save_python(folder) -> str:
-    """An interpreter for the batch script (its PYTHON) that runs tests/paused_save_worker.py where the script runs
-    launcher.pretrain (each checkpoint save pauses once, CHECKPOINT_TEST_PAUSE_S seconds), anything else as is."""
-    wrapper = folder / "python-with-paused-saves"
+def worker_python(folder, module: str) -> str:
+    """An interpreter for the batch script (its PYTHON) that runs ``python -m <module>`` (a test worker that takes
+    the launcher's arguments: tests/paused_save_worker.py, tests/paced_steps_worker.py) where the script runs
+    launcher.pretrain, anything else as is."""
+    wrapper = folder / f"python-{module.rsplit('.', 1)[-1]}"
     wrapper.write_text('#!/bin/sh\n'
                        'if [ "$1" = -m ] && [ "$2" = launcher.pretrain ]; then\n'
-                       '  shift 2; set -- -m tests.paused_save_worker "$@"\n'
+                       f'  shift 2; set -- -m {module} "$@"\n'
                        'fi\n'
                        f'exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
@@ -83,18 +84,24 @@ def test_time_limit_checkpoints_requeues_and_resumes_exactly(slurm, kjv_data, tm
     """--time=2 with the time-limit warning 75 s ahead: each leg gets USR1, saves after its step, requeues itself
     and the next leg resumes, until the run completes. A second job with MAX_REQUEUES=0 stops after its first save.
     slurmctld sends the warning from a check it runs every ~30 s, so it comes 45-75 s before the limit, i.e. 15-45 s
-    after a leg starts: after the trainer is up (~8 s), and before a ~60 s run ends. (With --time=1 and @45 a
-    requeued leg was signalled the moment it started.)"""
-    steps = 6000  # ~60 s at ~10 ms a step (longer on a busier machine, which only adds legs)
+    after a leg starts (with --time=1 and @45 a requeued leg was signalled the moment it started). The run is paced
+    to >= 25 ms a step (tests/paced_steps_worker.py), so its 2,000 steps outlast the first leg on any machine; on a
+    slow one they take longer, which only adds legs (each leg costs ~60 s: its training, then waiting in the queue)."""
+    steps = 2000
     common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=2000", "run.log_interval=1000",
               "checkpoint.interval=0", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
     for name in ("requeued", "capped"):
         (tmp_path / name).mkdir()  # SLURM opens the output file but does not make its folder
+
+    def paced(**extra) -> dict:
+        return job_env(ARMS="baseline", TRAIN_TEST_STEP_MIN_S="0.025",
+                       PYTHON=worker_python(tmp_path, "tests.paced_steps_worker"), **extra)
+
     limit = ["--array=0", "--nodes=1", "--ntasks-per-node=1", "--time=2", "--signal=B:USR1@75", *CPU_JOB]
     requeued = slurm.sbatch([*limit, f"--output={tmp_path}/requeued/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
-                             "run.experiment=requeued"], job_env(ARMS="baseline", MAX_REQUEUES="8"), REPO)
+                             "run.experiment=requeued"], paced(MAX_REQUEUES="8"), REPO)
     capped = slurm.sbatch([*limit, f"--output={tmp_path}/capped/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
-                           "run.experiment=capped"], job_env(ARMS="baseline", MAX_REQUEUES="0"), REPO)
+                           "run.experiment=capped"], paced(MAX_REQUEUES="0"), REPO)
 
     [capped_job] = slurm.wait(capped, timeout=300)
     # the uninterrupted run, beside the second leg (not beside the first two: the 2 cores would slow them down)
@@ -127,7 +134,7 @@ def test_scancel_during_a_checkpoint_write_leaves_a_resumable_run(slurm, kjv_dat
               "checkpoint.interval=10", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
     args = ["--array=0", "--nodes=1", "--ntasks-per-node=1", *CPU_JOB, f"--output={tmp_path}/%x-%A_%a.out",
             "slurm/pretrain_fp8.sh", *common]
-    paused = job_env(ARMS="baseline", CHECKPOINT_TEST_PAUSE_S="3", PYTHON=paused_save_python(tmp_path))
+    paused = job_env(ARMS="baseline", CHECKPOINT_TEST_PAUSE_S="3", PYTHON=worker_python(tmp_path, "tests.paused_save_worker"))
     first = slurm.sbatch(args, paused, REPO)
     deadline = time.time() + 120
     while output(tmp_path).count("[checkpoint] test pause") < 2:  # inside the second save (step 20)
