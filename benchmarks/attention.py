@@ -1,6 +1,6 @@
 """Attention speed on the GPU: every rounding x fix mode of the Triton kernel next to torch SDPA (flash, cuDNN).
 
-    python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--out FILE.md]
+    python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--atomic-dq] [--out FILE.md]
 
 Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
 ``triton.testing.do_bench`` (eager: host overhead included) and of ``do_bench_cudagraph`` (the same fwd+bwd replayed
@@ -18,6 +18,7 @@ import time
 import torch
 
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 4096, 128), (1, 32, 8192, 128)]
+ATOMIC = " atomic-dQ"  # the name suffix of a mode run with the atomic dQ backward (--atomic-dq)
 
 
 def parse_shape(text: str):
@@ -95,9 +96,9 @@ def measure(fn, q, k, v, d_out, rep_ms):
     return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms), graph_ms
 
 
-def breakdown(q, k, v, d_out, rep_ms, log, shape):
+def breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic: bool = True):
     """Time of each launch of fa2/none (forward; delta, dK/dV, dQ of the backward) and of the Python/autograd path,
-    to tell kernel time from host overhead."""
+    to tell kernel time from host overhead; ``deterministic`` False: the atomic dQ backward."""
     from kernels import triton_flash as tf
     from kernels.modes import check_args
 
@@ -105,23 +106,24 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
     with torch.no_grad():
         out, lse, _ = tf._forward(q, k, v, True, nm)
     t_fwd = bench(lambda: tf._forward(q, k, v, True, nm), rep_ms)
-    t_bwd = bench(lambda: tf._backward(d_out, q, k, v, out, lse, True, nm), rep_ms)
-    t_op = bench(lambda: tf.flash_bwd(d_out, q, k, v, out, lse, True, "fa2", "none", 2.0, 1e-3), rep_ms)
+    t_bwd = bench(lambda: tf._backward(d_out, q, k, v, out, lse, True, nm, deterministic=deterministic), rep_ms)
+    t_op = bench(lambda: tf.flash_bwd(d_out, q, k, v, out, lse, True, "fa2", "none", 2.0, 1e-3,
+                                      deterministic=deterministic), rep_ms)
 
     def op_step():  # fwd+bwd through the torch custom ops (the path torch.compile sees; eager used it before)
         q.grad = k.grad = v.grad = None
-        tf.flash_fwd(q, k, v, True, "fa2", "none", 2.0, 1e-3)[0].backward(d_out)
+        tf.flash_fwd(q, k, v, True, "fa2", "none", 2.0, 1e-3, deterministic=deterministic)[0].backward(d_out)
 
     def eager_step():
         q.grad = k.grad = v.grad = None
-        tf.flash_attention(q, k, v, True, "fa2", "none").backward(d_out)
+        tf.flash_attention(q, k, v, True, "fa2", "none", deterministic=deterministic).backward(d_out)
 
     t_op_step = bench(op_step, rep_ms)
     t_eager_step = bench(eager_step, rep_ms)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(20):
-        tf._backward(d_out, q, k, v, out, lse, True, nm)
+        tf._backward(d_out, q, k, v, out, lse, True, nm, deterministic=deterministic)
     host = (time.perf_counter() - t0) / 20 * 1e3  # no sync inside: host time per call if it exceeds the GPU's
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -130,15 +132,18 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape):
     host_step = (time.perf_counter() - t0) / 20 * 1e3
     torch.cuda.synchronize()
     fwd_launch = tf._forward_launch(q, k, v, True, nm)[0]
-    (_, dkdv_launch, dq_launch), _ = tf._backward_launches(d_out, q, k, v, out, lse, True, nm)
+    (_, dkdv_launch, dq_launch), _ = tf._backward_launches(d_out, q, k, v, out, lse, True, nm,
+                                                           deterministic=deterministic)
     cfg = {name: str(launch.kernel.chosen.get(launch.tune_key, "not tuned"))
            for name, launch in (("fwd", fwd_launch), ("dkdv", dkdv_launch), ("dq", dq_launch))}
-    log(f"{shape} fa2/none breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
+    name = "fa2/none" if deterministic else "fa2/none" + ATOMIC
+    log(f"{shape} {name} breakdown: fwd launch {t_fwd:.3f} ms, bwd launches {t_bwd:.3f} ms, bwd custom op "
         f"{t_op:.3f} ms, bwd host-issue time {host:.3f} ms/call; fwd+bwd step eager {t_eager_step:.3f} ms vs via "
         f"custom ops {t_op_step:.3f} ms, eager step host-issue time {host_step:.3f} ms/call; configs {cfg}")
 
 
-def run(shapes, modes, rep_ms, log):
+def run(shapes, modes, rep_ms, log, atomic_dq: bool = False):
+    """Rows of the table; ``atomic_dq``: each mode also with the atomic (non-deterministic) dQ backward."""
     from torch.nn.attention import SDPBackend
 
     import kernels
@@ -164,12 +169,13 @@ def run(shapes, modes, rep_ms, log):
                 results[name] = measure(fn, q, k, v, d_out, rep_ms)
             except RuntimeError as exc:  # a backend torch cannot run here
                 log(f"{shape} {name}: unavailable ({str(exc).splitlines()[0][:100]})")
-        for mode in modes:
+        for mode, deterministic in [(m, d) for m in modes for d in ((True, False) if atomic_dq else (True,))]:
             rounding, fix = mode.split("/")
+            mode = mode if deterministic else mode + ATOMIC
             t0 = time.time()
 
-            def fn(q, k, v, rounding=rounding, fix=fix):
-                return kernels.flash_attention(q, k, v, True, rounding, fix)
+            def fn(q, k, v, rounding=rounding, fix=fix, deterministic=deterministic):
+                return kernels.flash_attention(q, k, v, True, rounding, fix, deterministic=deterministic)
 
             with torch.no_grad():
                 out = fn(q, k, v).float()
@@ -190,6 +196,8 @@ def run(shapes, modes, rep_ms, log):
                 f"(O and grads) {err:.1e} ({time.time() - t0:.0f} s with tuning)")
         if "fa2/none" in modes:
             breakdown(q, k, v, d_out, rep_ms, log, shape)
+            if atomic_dq:
+                breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic=False)
         for name, (t_fwd, t_all, t_gpu) in results.items():
             rows.append((shape, name, f_fwd / t_fwd / 1e9, f_all / t_all / 1e9, f_all / t_gpu / 1e9))
         del q, k, v, d_out
@@ -209,7 +217,8 @@ def to_markdown(rows, device: str) -> str:
         cudnn = res.get("sdpa-cudnn", (None,) * 3)[2]
         for name, (tf_fwd, tf_all, tf_gpu) in res.items():
             ratio = lambda ref: f"{tf_gpu / ref:.2f}" if ref else "-"  # noqa: E731
-            base = res.get(name.split("/")[0] + "/none", (None,) * 3)[2] if "/" in name else None
+            suffix = ATOMIC if name.endswith(ATOMIC) else ""
+            base = res.get(name.split("/")[0] + "/none" + suffix, (None,) * 3)[2] if "/" in name else None
             lines.append(f"| {','.join(map(str, shape))} | {name} | {tf_fwd:.0f} | {tf_all:.0f} | {tf_gpu:.0f} | "
                          f"{ratio(flash)} | {ratio(cudnn)} | {ratio(base)} |")
     return "\n".join(lines) + "\n"
@@ -223,6 +232,9 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=None, metavar="ROUNDING/FIX",
                         help="kernel modes (default: all eight)")
     parser.add_argument("--rep-ms", type=int, default=200, help="milliseconds of timed repetitions (default 200)")
+    parser.add_argument("--atomic-dq", action="store_true",
+                        help="time each mode also with the atomic dQ backward (flash_attention(..., "
+                             "deterministic=False); rows named MODE atomic-dQ)")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     args = parser.parse_args(argv)
     modes = args.modes or _modes()
@@ -236,7 +248,7 @@ def main(argv=None) -> int:
     import triton
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
-    rows = run(args.shapes, modes, args.rep_ms, log)
+    rows = run(args.shapes, modes, args.rep_ms, log, args.atomic_dq)
     emit(to_markdown(rows, torch.cuda.get_device_name()), args.out)
     return 0
 

@@ -29,7 +29,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
                     total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
                     noise_keys: torch.Tensor | None = None, autotune: bool = True,
-                    out_fill: float | None = None) -> torch.Tensor:
+                    out_fill: float | None = None, deterministic: bool = True) -> torch.Tensor:
     """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
 
     q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
@@ -57,13 +57,18 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     or rank), and does rounding=fa2 match ``reference_attention`` with ``block_n=64``.
     ``out_fill``: what the output and gradient buffers start filled with (None: uninitialised, the fast default).
     Tests pass NaN, so that an element no launch writes shows up. Neither changes a bit of a result.
+    ``deterministic``: True computes dQ in its own launch, each query tile summing its key tiles in a fixed order
+    (bit-reproducible from run to run); False adds each key tile's share of dQ into an FP32 buffer with atomics
+    inside the dK/dV launch (two matrix products fewer per tile pair, as FA2 and cuDNN do it; the sums then come
+    in the order the tiles finish, so dQ's last bits can change from run to run; dK and dV do not). Speed of
+    both: docs/attention-kernel.md, "Speed".
     """
     from kernels import triton_flash
 
     return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
                                         head_offset=head_offset, total_heads=total_heads, delta_gain=delta_gain,
                                         delta_sign=delta_sign, noise_keys=noise_keys, autotune=autotune,
-                                        out_fill=out_fill)
+                                        out_fill=out_fill, deterministic=deterministic)
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",

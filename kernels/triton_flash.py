@@ -19,7 +19,9 @@ Layout: q, k, v are (batch, heads, seq, head_dim) with any strides but a unit la
 (grouped-query attention). O, the FP32 O and dq/dk/dv are allocated like their inputs (``_like``), dO is read with
 its own strides. The forward saves LSE (FP32, natural log) and, for fix=fp32_output, an FP32 copy of the normalised
 O. The backward is three launches: delta = rowsum(dO * O_saved); dK, dV per key tile (looping over the query heads of
-its group, so no atomics); dQ per query tile. Launches go through ``_Kernel``, which caches the compiled binaries.
+its group, so no atomics); dQ per query tile. With ``deterministic=False`` the dK/dV launch also adds each key tile's
+share of dQ into an FP32 buffer with atomics, and the third launch only scales and rounds it. Launches go through
+``_Kernel``, which caches the compiled binaries.
 """
 
 from __future__ import annotations
@@ -501,11 +503,13 @@ def _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER: tl.constexpr, IS_BF16: tl.c
 
 @triton.jit
 def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T, lo,
-                    hi,
+                    hi, DQ32, dq32_base, stride_dq32t, b, h,
                     sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
-                    EXPLICIT: tl.constexpr):
-    """Accumulate dK^T-side products of one key tile over query tiles [lo, hi) of one head."""
+                    EXPLICIT: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+    """Accumulate dK^T-side products of one key tile over query tiles [lo, hi) of one head (query head h).
+    ATOMIC_DQ: also add this key tile's share of dQ, LP(dS) K (unscaled), into the FP32 buffer of query rows
+    (``dq32_base`` + row * stride_dq32t, or through the 4-D descriptor DQ32 when DQ_TMA: a TMA reduction)."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -531,18 +535,32 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
             pt = tl.where(valid, pt, 0.0)
         dv = _mma(_lp_operand(pt, LP, IS_BF16, EXPLICIT), do, dv, EXPLICIT)
         dpt = _mma(v, tl.trans(do), None, EXPLICIT)
-        dst = pt * (dpt - delta[None, :])
-        dk = _mma(_lp_operand(dst, LP, IS_BF16, EXPLICIT), q, dk, EXPLICIT)
+        dst = _lp_operand(pt * (dpt - delta[None, :]), LP, IS_BF16, EXPLICIT)
+        dk = _mma(dst, q, dk, EXPLICIT)
+        if ATOMIC_DQ:
+            dq_share = _mma(tl.trans(dst), k, None, EXPLICIT)
+            if DQ_TMA:  # rows past T lie outside the descriptor: the TMA unit drops them
+                DQ32.atomic_add([b, h, start_m, 0], dq_share.reshape(1, 1, BLOCK_M, HEAD_DIM))
+            else:
+                dq_ptrs = dq32_base + rows[:, None] * stride_dq32t + offs_d[None, :]
+                if MASKED:
+                    tl.atomic_add(dq_ptrs, dq_share, mask=rows[:, None] < T, sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq_share, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ32, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
                      stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dkb,
                      stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                     PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
-    """dK and dV of one key tile of one k/v head, summed over the GROUP query heads that share it."""
+                     PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                     DQ_TMA: tl.constexpr):
+    """dK and dV of one key tile of one k/v head, summed over the GROUP query heads that share it. ATOMIC_DQ (the
+    non-deterministic backward): dQ's shares are added into DQ32, a contiguous FP32 (B, H, T, head_dim) buffer of
+    zeros (a 4-D TMA descriptor of it when DQ_TMA), in whatever order the tiles finish; ``_bwd_dq_finish_kernel``
+    scales and rounds it."""
     LP: tl.constexpr = DK.dtype.element_ty
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -571,25 +589,32 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, stride_qb, stride_qh, stri
     m_diag = tl.minimum(m_diag, m_end)
     tail_lo = tl.maximum(m_diag, full_end)
     for g in range(GROUP):
-        bh = b * H + hk * GROUP + g
-        q_base = Q + b * stride_qb + (hk * GROUP + g) * stride_qh
-        do_base = DO + b * stride_dob + (hk * GROUP + g) * stride_doh
+        h = hk * GROUP + g
+        bh = b * H + h
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
         lse_base = LSE + bh * T
         delta_base = DELTA + bh * T
-        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T,
-                                 m_lo, m_diag, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
-                                 EXPLICIT)
-        if start_n + BLOCK_N <= T:
-            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d,
-                                     T, m_diag, full_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER,
-                                     IS_BF16, EXPLICIT)
+        if DQ_TMA:
+            dq32_base = DQ32  # unused: the descriptor addresses the rows
         else:
-            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d,
-                                     T, m_diag, full_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER,
-                                     IS_BF16, EXPLICIT)
-        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T,
-                                 tail_lo, m_end, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16,
-                                 EXPLICIT)
+            dq32_base = DQ32 + bh * T * HEAD_DIM  # contiguous (B, H, T, head_dim); unused unless ATOMIC_DQ
+        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols,
+                                 offs_d, T, m_lo, m_diag, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale, exp_scale, LP,
+                                 HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16, EXPLICIT, ATOMIC_DQ, DQ_TMA)
+        if start_n + BLOCK_N <= T:
+            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
+                                     cols, offs_d, T, m_diag, full_end, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale,
+                                     exp_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER, IS_BF16, EXPLICIT,
+                                     ATOMIC_DQ, DQ_TMA)
+        else:
+            dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
+                                     cols, offs_d, T, m_diag, full_end, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale,
+                                     exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16, EXPLICIT,
+                                     ATOMIC_DQ, DQ_TMA)
+        dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols,
+                                 offs_d, T, tail_lo, m_end, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale, exp_scale, LP,
+                                 HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16, EXPLICIT, ATOMIC_DQ, DQ_TMA)
     dk = dk * sm_scale
     if EXPLICIT:
         dk = _round_lp(dk, IS_BF16, EXPLICIT)
@@ -654,8 +679,9 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                    IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
     """dQ of one query tile of one head. TMA: K and V are 4-D tensor descriptors (``_kv_descriptors``), not
-    pointers; their tiles then come through the TMA unit (1.3-1.6x faster in a probe copy of this loop on the H200;
-    the benchmark of this kernel did not show it yet: docs/attention-kernel.md, "Speed")."""
+    pointers; their tiles then come through the TMA unit (``set_tma(True)``: 1.3-1.6x faster in a probe copy of
+    this loop on the H200, but 2-3% slower than the pointer loads in this kernel: docs/attention-kernel.md,
+    "Speed")."""
     LP: tl.constexpr = DQ.dtype.element_ty
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -704,6 +730,24 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
              mask=row_ok[:, None])
 
 
+@triton.jit
+def _bwd_dq_finish_kernel(DQ32, DQ, stride_dqb, stride_dqh, stride_dqt, H, T, sm_scale, HEAD_DIM: tl.constexpr,
+                          BLOCK_M: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """dQ = LP(scale * the FP32 sum of the atomic backward's shares): the rounding the deterministic dQ launch makes
+    at its end (DQ32 contiguous (B, H, T, head_dim); DQ laid out like q)."""
+    LP: tl.constexpr = DQ.dtype.element_ty
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = rows[:, None] < T
+    dq = tl.load(DQ32 + (bh * T + rows[:, None]) * HEAD_DIM + offs_d[None, :], mask=ok, other=0.0) * sm_scale
+    if EXPLICIT:
+        dq = _round_lp(dq, IS_BF16, EXPLICIT)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqt + offs_d[None, :], dq.to(LP), mask=ok)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Launch configuration: autotuned on the GPU, fixed when interpreting or when a call passes autotune=False
 # ----------------------------------------------------------------------------------------------------------------
@@ -715,6 +759,7 @@ FIXED_DQ = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 _FWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "PAPER_TILE", "FIX", "IS_BF16"]
 _BWD_KEY = ["T", "HEAD_DIM", "CAUSAL", "PAPER", "IS_BF16"]
+_DKDV_KEY = _BWD_KEY + ["ATOMIC_DQ", "DQ_TMA"]
 _DQ_KEY = _BWD_KEY + ["TMA"]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, head dims the config is tried for; the others are pruned before they are
 # compiled). The forward needs BLOCK_M to be a multiple of BLOCK_N (its causal split into full and diagonal tiles),
@@ -733,17 +778,22 @@ _DQ_CONFIGS = [(128, 32, 4, 3, _ALL_D), (128, 64, 8, 3, _ALL_D), (64, 64, 4, 3, 
                (128, 64, 8, 2, _D128), (64, 64, 8, 2, _D128)]
 
 
-def _set_descriptor_blocks(args, block_n: int) -> None:
-    """Tensor descriptors in a launch's arguments hold key rows (dQ's k and v): their block is BLOCK_N rows of one
-    (batch, head), set for the configuration about to run (the descriptor's block shape is part of the binary)."""
+def _set_descriptor_blocks(args, cfg: dict) -> None:
+    """The tensor descriptors in a launch's arguments address rows of one (batch, head): key rows (dQ's k and v, a
+    block of BLOCK_N) or query rows (the atomic backward's FP32 dQ, BLOCK_M). Their block is set for the
+    configuration ``cfg`` about to run (the descriptor's block shape is part of the binary)."""
     for arg in args:
         if _is_descriptor(arg):
-            arg.block_shape[2] = block_n
+            arg.block_shape[2] = cfg[arg.rows_key]
 
 
 def _descriptor_pre_hook(nargs: dict) -> None:
-    """Autotuner pre-hook: ``_set_descriptor_blocks`` for the configuration being timed (nargs holds its BLOCK_N)."""
-    _set_descriptor_blocks(nargs.values(), nargs["BLOCK_N"])
+    """Autotuner pre-hook: ``_set_descriptor_blocks`` for the configuration being timed (nargs holds its tiles)."""
+    _set_descriptor_blocks(nargs.values(), nargs)
+
+
+def _uses_descriptors(meta: dict) -> bool:
+    return bool(meta.get("TMA") or meta.get("DQ_TMA"))
 
 
 def _configs(shapes):
@@ -770,14 +820,17 @@ _PRUNE = {"early_config_prune": _prune_configs}
 # Launch without Triton's per-call binding (see _Kernel); ``set_fast_launch(False)`` launches every call through
 # Triton's JIT entry point instead, e.g. to compare the two (benchmarks.host_overhead). Same bits either way.
 FAST_LAUNCH = True
-# dQ's k and v tiles through TMA descriptors where the GPU and the tensors allow it (``_tma_ok``); ``set_tma(False)``
-# keeps the pointer loads, e.g. to compare the two. Same bits either way (tests/gpu/test_attention_gpu.py).
-TMA = True
+# dQ's k and v tiles (and the atomic backward's dQ reduction) through TMA descriptors where the GPU and the tensors
+# allow it (``_tma_ok``), after ``set_tma(True)``; off by default, since the pointer path was faster in this kernel
+# on the H200 (docs/attention-kernel.md, "Speed"). Same bits either way (tests/gpu/test_attention_gpu.py).
+TMA = False
 
 
 def set_tma(enabled: bool) -> bool:
-    """Load dQ's k/v tiles through TMA descriptors where possible (True, the default) or through pointers (False);
-    returns the previous setting. A host-side choice for this process: results are identical."""
+    """Load dQ's k/v tiles (and, in the atomic backward, add dQ's shares) through TMA descriptors where possible
+    (True) or through pointers (False, the default: measured faster in both launches on the H200,
+    docs/attention-kernel.md "Speed"); returns the previous setting. A host-side choice for this process: the
+    deterministic backward's results are identical either way."""
     global TMA
     previous, TMA = TMA, bool(enabled)
     return previous
@@ -828,10 +881,14 @@ class _Kernel:
             if cfg is None:  # first call of the key: the autotuner times its configurations and launches the best
                 self.tuner[lambda c: grid(c)](*tensors, *ints, *floats, **meta)
                 cfg = self.chosen[tune_key] = dict(self.tuner.best_config.all_kwargs())
-                return cfg
+                if not meta.get("ATOMIC_DQ"):
+                    return cfg
+                # every timing run added its dQ shares too: start the buffer from zeros again and launch for real
+                dq32 = tensors[self.fn.arg_names.index("DQ32")]
+                (dq32.base if _is_descriptor(dq32) else dq32).zero_()
         g = grid(cfg)
-        if meta.get("TMA"):  # only dQ's launch carries descriptors, and only then
-            _set_descriptor_blocks(tensors, cfg["BLOCK_N"])
+        if _uses_descriptors(meta):
+            _set_descriptor_blocks(tensors, cfg)
         if INTERPRET or not FAST_LAUNCH or _launch_hooks_set():
             self.fn[g](*tensors, *ints, *floats, **meta, **cfg)
             return cfg
@@ -877,8 +934,9 @@ FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
 # (with FMAs in the plain launch, 1-21 gradient elements differed: docs/device-runs/2026-12-01-house/README.md)
 DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DELTA_GAIN = _Kernel(_bwd_delta_gain_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
-DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _BWD_KEY)
+DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _DKDV_KEY)
 DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _DQ_KEY)
+DQ_FINISH = _Kernel(_bwd_dq_finish_kernel, dict(BLOCK_M=64))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -901,6 +959,7 @@ def _check_device(*tensors: torch.Tensor) -> None:
                                "(tests only: the interpreter is slow).")
 
 
+_DESCRIPTOR_ATOMICS = hasattr(getattr(tl.core, "tensor_descriptor_base", None), "atomic_add")  # TMA reductions
 _TMA_DEVICES: dict = {}  # CUDA device index -> whether it has a TMA unit (sm_90 and later)
 
 
@@ -921,10 +980,17 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def _rows_descriptor(t: torch.Tensor, rows_key: str):
+    """A 4-D (batch, heads, seq, head_dim) TMA descriptor of t whose block is one head's rows, as many as the
+    launch configuration's ``rows_key`` (BLOCK_N or BLOCK_M), set per configuration by ``_set_descriptor_blocks``."""
+    desc = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, t.shape[-1]])
+    desc.rows_key = rows_key
+    return desc
+
+
 def _kv_descriptors(k: torch.Tensor, v: torch.Tensor):
-    """4-D (batch, heads, seq, head_dim) TMA descriptors of k and v; the block (one head's BLOCK_N key rows) is set
-    per configuration by ``_set_descriptor_blocks``."""
-    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, t.shape[-1]]) for t in (k, v))
+    """TMA descriptors of k and v for the dQ launch: blocks of BLOCK_N key rows."""
+    return _rows_descriptor(k, "BLOCK_N"), _rows_descriptor(v, "BLOCK_N")
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -977,8 +1043,8 @@ class _Launch:
 
     def with_config(self, cfg: dict):
         """Launch with configuration cfg (constexprs BLOCK_M/BLOCK_N and options) through Triton's own path."""
-        if self.meta.get("TMA"):
-            _set_descriptor_blocks(self.tensors, cfg["BLOCK_N"])
+        if _uses_descriptors(self.meta):
+            _set_descriptor_blocks(self.tensors, cfg)
         return self.kernel.fn[self.grid(cfg)](*self.tensors, *self.ints, *self.floats, **self.meta, **cfg)
 
 
@@ -1028,10 +1094,13 @@ def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fill: f
 
 
 def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-                       head_offset: int = 0, *, autotune: bool = True, fill: float | None = None):
+                       head_offset: int = 0, *, autotune: bool = True, fill: float | None = None,
+                       deterministic: bool = True):
     """((delta, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in q's
     dtype. The amplified path (``nm.amplified``) replaces the delta launch by the gain launch, which also reads the
-    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs). ``autotune`` and ``fill`` as in the forward."""
+    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs). ``autotune`` and ``fill`` as in the forward.
+    ``deterministic`` False: the dK/dV launch also adds dQ's shares into an FP32 buffer with atomics, and the
+    third launch only scales and rounds it (see ``flash_attention``)."""
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
     delta = _new((bsz, heads, seq), torch.float32, q.device, fill)
@@ -1058,9 +1127,24 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     floats = (nm.exp_scale, nm.sm_scale)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
     key = (seq, dim, causal, nm.paper, q.dtype)
-    dkdv_launch = _Launch(DKDV, lambda c: (_cdiv(seq, c["BLOCK_N"]), kv_rows), (q, k, v, d_out, lse, delta, dk, dv),
-                          inputs + (dks[0], dks[1], dks[2], dvs[0], dvs[1], dvs[2]) + tail, floats, meta,
-                          (("dkdv",) + key) if autotune else None)
+    atomic = not deterministic
+    if atomic:  # dQ's FP32 sums, filled by the dK/dV launch's atomics (zeros whatever ``fill`` says)
+        dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
+        dq_tma = _DESCRIPTOR_ATOMICS and _tma_ok(dq32)
+        dq32_arg = _rows_descriptor(dq32, "BLOCK_M") if dq_tma else dq32
+    else:
+        dq32 = dq32_arg = torch.empty(0, dtype=torch.float32, device=q.device)  # never read
+        dq_tma = False
+    dkdv_launch = _Launch(DKDV, lambda c: (_cdiv(seq, c["BLOCK_N"]), kv_rows),
+                          (q, k, v, d_out, lse, delta, dk, dv, dq32_arg),
+                          inputs + (dks[0], dks[1], dks[2], dvs[0], dvs[1], dvs[2]) + tail, floats,
+                          {**meta, "ATOMIC_DQ": atomic, "DQ_TMA": dq_tma},
+                          (("dkdv", atomic, dq_tma) + key) if autotune else None)
+    if atomic:
+        finish = _Launch(DQ_FINISH, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (dq32, dq),
+                         (dqs[0], dqs[1], dqs[2], heads, seq), (nm.sm_scale,),
+                         dict(HEAD_DIM=dim, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET))
+        return (delta_launch, dkdv_launch, finish), (dq, dk, dv)
     tma = _tma_ok(k, v)
     k_arg, v_arg = _kv_descriptors(k, v) if tma else (k, v)
     dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k_arg, v_arg, d_out, lse, delta, dq),
@@ -1070,13 +1154,13 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
 
 
 def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-              head_offset: int = 0, *, autotune: bool = True, fill: float | None = None):
+              head_offset: int = 0, *, autotune: bool = True, fill: float | None = None, deterministic: bool = True):
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if d_out.dtype != q.dtype:
         d_out = d_out.to(q.dtype)
     d_out, o_saved = _last_dim_contiguous(d_out), _last_dim_contiguous(o_saved)
     launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset,
-                                         autotune=autotune, fill=fill)
+                                         autotune=autotune, fill=fill, deterministic=deterministic)
     for launch in launches:
         launch()
     return grads
@@ -1091,10 +1175,14 @@ def _amplified(delta_gain: float, delta_sign: str) -> bool:
     return float(delta_gain) != 1.0 or delta_sign == "random"
 
 
-def _check_launch_options(autotune, out_fill) -> None:
-    """``autotune``: True or False; ``out_fill``: None or a number (the launch options, besides the numerics)."""
+def _check_launch_options(autotune, out_fill, deterministic=True) -> None:
+    """``autotune``, ``deterministic``: True or False; ``out_fill``: None or a number (the launch options, besides
+    the numerics)."""
     if not isinstance(autotune, bool):
         raise TypeError(f"autotune={autotune!r} must be True (tuned tiles) or False (the fixed tiles)")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic={deterministic!r} must be True (dQ in its own launch, bit-reproducible) or "
+                        "False (dQ accumulated with atomics)")
     if out_fill is not None and (isinstance(out_fill, bool) or not isinstance(out_fill, (int, float))):
         raise TypeError(f"out_fill={out_fill!r} must be None (uninitialised outputs) or a number such as nan")
 
@@ -1103,19 +1191,19 @@ def _check_launch_options(autotune, out_fill) -> None:
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
               eps: float, head_offset: int = 0, total_heads: int = 0, paper_block_keys: int = PAPER_BLOCK_KEYS,
               delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
-              autotune: bool = True, out_fill: Optional[float] = None,
+              autotune: bool = True, out_fill: Optional[float] = None, deterministic: bool = True,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output or the amplified delta path
-    (delta_gain != 1 or random signs), else an empty tensor)."""
+    (delta_gain != 1 or random signs), else an empty tensor). ``deterministic`` is for the backward."""
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
                    delta_sign, noise_keys)
-    _check_launch_options(autotune, out_fill)
+    _check_launch_options(autotune, out_fill, deterministic)
     return _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune, fill=out_fill)
 
 
 @flash_fwd.register_fake
 def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS,
-      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None):
+      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None, deterministic=True):
     keeps = fix == "fp32_output" or _amplified(delta_gain, delta_sign)
     return _forward_outputs(_last_dim_contiguous(q), keeps, out_fill)  # the real op's allocation
 
@@ -1125,7 +1213,7 @@ def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
               lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float, eps: float,
               head_offset: int = 0, total_heads: int = 0, o32: Optional[torch.Tensor] = None,
               delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
-              autotune: bool = True, out_fill: Optional[float] = None,
+              autotune: bool = True, out_fill: Optional[float] = None, deterministic: bool = True,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses (the mode's O), ``o32``
     the forward's FP32 O (the amplified delta path only).
@@ -1135,20 +1223,20 @@ def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     nor does it depend on the paper tile size, so it takes none)."""
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, delta_gain=delta_gain,
                    delta_sign=delta_sign, noise_keys=noise_keys)
-    _check_launch_options(autotune, out_fill)
+    _check_launch_options(autotune, out_fill, deterministic)
     return _backward(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset, autotune=autotune,
-                     fill=out_fill)
+                     fill=out_fill, deterministic=deterministic)
 
 
 @flash_bwd.register_fake
 def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, o32=None,
-      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None):
+      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None, deterministic=True):
     return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), out_fill)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, _paper_block_keys, delta_gain, delta_sign,
-     noise_keys, autotune, out_fill) = inputs
+     noise_keys, autotune, out_fill, deterministic) = inputs
     out, lse, o32 = output
     o_mode = o32 if fix == "fp32_output" else out
     if _amplified(delta_gain, delta_sign):
@@ -1157,13 +1245,13 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(q, k, v, o_mode, lse, None, None)
     ctx.args = (causal, rounding, fix, beta, eps, head_offset, total_heads)
     ctx.delta_args = (delta_gain, delta_sign)
-    ctx.options = (autotune, out_fill)
+    ctx.options = (autotune, out_fill, deterministic)
 
 
 def _backward_rule(ctx, d_out, _d_lse, _d_o32):
     q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
     dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args, o32, *ctx.delta_args, noise_keys, *ctx.options)
-    return dq, dk, dv, *([None] * 13)
+    return dq, dk, dv, *([None] * 14)
 
 
 flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -1174,7 +1262,7 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int, noise_keys,
-                autotune: bool, out_fill):
+                autotune: bool, out_fill, deterministic: bool):
         out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune,
                                  fill=out_fill)
         o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
@@ -1185,7 +1273,7 @@ class _FlashAttention(torch.autograd.Function):
         ctx.causal = causal
         ctx.nm = nm
         ctx.head_offset = head_offset
-        ctx.options = dict(autotune=autotune, fill=out_fill)
+        ctx.options = dict(autotune=autotune, fill=out_fill, deterministic=deterministic)
         return out
 
     @staticmethod
@@ -1193,7 +1281,7 @@ class _FlashAttention(torch.autograd.Function):
         q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
         dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm, o32, noise_keys, ctx.head_offset,
                                **ctx.options)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
@@ -1201,21 +1289,22 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
                     total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
                     noise_keys: torch.Tensor | None = None, autotune: bool = True,
-                    out_fill: float | None = None) -> torch.Tensor:
+                    out_fill: float | None = None, deterministic: bool = True) -> torch.Tensor:
     """Triton flash attention; see ``kernels.flash_attention``.
 
     Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under
     ``torch.compile`` the call is the custom op ``sla_attention::flash_fwd`` (opaque to the compiler). Both run the
     same launches, so their results are identical.
     """
-    _check_launch_options(autotune, out_fill)
+    _check_launch_options(autotune, out_fill, deterministic)
     if torch.compiler.is_compiling():
         return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
                          float(delta_gain), delta_sign, noise_keys, autotune,
-                         None if out_fill is None else float(out_fill))[0]
+                         None if out_fill is None else float(out_fill), deterministic)[0]
     nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
                    delta_sign, noise_keys)
-    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads, noise_keys, autotune, out_fill)
+    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads, noise_keys, autotune, out_fill,
+                                 deterministic)
 
 
 def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *,

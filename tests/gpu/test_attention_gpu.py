@@ -221,6 +221,48 @@ def test_tma_loads_give_the_pointer_loads_bits(compiled_kernels, monkeypatch, ro
     assert descriptor_binaries, "no dQ launch went through the descriptors"
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma-reduce", "pointer-atomics"])
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_atomic_dq_backward_matches_the_deterministic_one(compiled_kernels, monkeypatch, rounding, fix, tma, seed):
+    """``deterministic=False``: dQ added into an FP32 buffer by the dK/dV launch (a TMA reduction, or pointer
+    atomics), in whatever order the tiles finish. dK and dV are the deterministic launch's bit for bit; dQ is
+    the same FP32 sum in another order, so it may differ in the last bits: nearly all elements identical, none
+    further off than 2^-6 of the largest. Ragged last tile, grouped-query heads, model
+    layout; the fixed tiles, and for two modes the autotuned ones (whose tuning runs must leave no share behind)."""
+    tf = compiled_kernels
+    seq = int(torch.randint(200, 400, (1,)))
+    q = torch.randn(2, seq, 4, 64, device="cuda").bfloat16().transpose(1, 2)
+    k, v = (torch.randn(2, seq, 2, 64, device="cuda").bfloat16().transpose(1, 2) for _ in range(2))
+    d_out = torch.randn_like(q)
+    monkeypatch.setattr(tf, "TMA", tma)
+    reductions = []
+    make_descriptor = tf._rows_descriptor
+    monkeypatch.setattr(tf, "_rows_descriptor", lambda t, rows_key: reductions.append(rows_key == "BLOCK_M")
+                        or make_descriptor(t, rows_key))
+
+    def grads(deterministic, autotune):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        kernels.flash_attention(*leaves, True, rounding, fix, autotune=autotune, out_fill=NAN,
+                                deterministic=deterministic).backward(d_out)
+        return [t.grad for t in leaves]
+
+    # the tuned tiles for the fixed arms' numerics (each tuning times 8 configurations of each backward)
+    for autotune in (False, True) if (rounding, fix) in (("fa2", "none"), ("fa2", "fp32_output")) else (False,):
+        expected = grads(True, autotune)
+        got = grads(False, autotune)
+        msg = f"seed={seed} seq={seq} autotune={autotune}"
+        for name, a, b in zip("qkv", got, expected):
+            a, b = a.float(), b.float()
+            assert torch.isfinite(a).all(), f"{msg}: d{name}"
+            if name != "q" and not autotune:  # same tiles, same code: dK and dV bit for bit
+                assert torch.equal(a, b), f"{msg}: d{name}"
+            # (tuned tiles may differ between the two backwards, and so the order of every FP32 sum; an element
+            # whose sum cancels moves by more than its own ulp, so the bound is relative to the largest element)
+            assert ((a - b).abs() <= 2 ** -6 * b.abs().max()).all(), f"{msg}: d{name} max diff {(a - b).abs().max()}"
+            assert (a != b).float().mean() < 0.05, f"{msg}: d{name} differs in too many elements"
+    assert any(reductions) == tma, "the TMA reduction should run exactly when TMA is on"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Noise keys: fix=stochastic_output and the delta-error stress (delta_gain / delta_sign)
 # --------------------------------------------------------------------------------------------------------------
