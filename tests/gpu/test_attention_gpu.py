@@ -205,6 +205,7 @@ def test_tma_loads_give_the_pointer_loads_bits(compiled_kernels, monkeypatch, ro
     q = torch.randn(2, seq, 4, 64, device="cuda").bfloat16().transpose(1, 2)
     k, v = (torch.randn(2, seq, 2, 64, device="cuda").bfloat16().transpose(1, 2) for _ in range(2))
     d_out = torch.randn_like(q)
+    monkeypatch.setattr(tf, "TMA", True)  # (off by default: slower here, docs/attention-kernel.md "Speed")
     assert tf._tma_ok(k, v), "an H100/H200 with aligned model-layout inputs should take the TMA path"
 
     def grads(tma):
