@@ -189,6 +189,23 @@ def _top2(a1, a2, b1, b2):
 
 
 @triton.jit
+def _row_top2(s, EXPLICIT: tl.constexpr):
+    """Per row of s: (largest, second largest) value, a repeated largest value counted twice. On the GPU one
+    two-value reduction (cheaper than a row max plus a compare and an integer count per score); the interpreter runs
+    a reduction's combine function in Python, which made fa2's dynamic fixes ~15x slower to interpret than the rest
+    of the kernel, so there the same two values come from a vectorised max, compare and count (the GPU's reduction
+    is checked against the reference in tests/gpu)."""
+    if EXPLICIT:
+        top1 = tl.max(s, 1)
+        at_max = s == top1[:, None]
+        repeated = tl.sum(at_max.to(tl.int32), 1) > 1
+        top2 = tl.where(repeated, top1, tl.max(tl.where(at_max, float("-inf"), s), 1))
+    else:
+        top1, top2 = tl.reduce((s, tl.full(s.shape, float("-inf"), tl.float32)), 1, _top2)
+    return top1, top2
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, lo, hi,
                exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
@@ -212,9 +229,8 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt,
                 valid = valid & (offs_m[:, None] >= cols[None, :])
             s = tl.where(valid, s, float("-inf"))
         if FIX == 1 or FIX == 2:
-            # "r_m attained more than once within eps" is r_m - (second largest score, with multiplicity) <= eps: one
-            # two-value reduction instead of a row max plus a compare and a count per score
-            r_m, second = tl.reduce((s, tl.full(s.shape, float("-inf"), tl.float32)), 1, _top2)
+            # "r_m attained more than once within eps" is r_m - (second largest score, with multiplicity) <= eps
+            r_m, second = _row_top2(s, EXPLICIT)
             tied = (r_m - second) <= eps_cmp
             if FIX == 1:  # safe fix: a maximum repeated in an earlier tile meets the same midpoint at the final cast
                 tied = tied | (tl.abs(r_m - seen_max) <= eps_cmp)

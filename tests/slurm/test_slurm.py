@@ -46,6 +46,14 @@ def worker_python(folder, module: str) -> str:
     return str(wrapper)
 
 
+def start_straight_run(common: list[str]) -> subprocess.Popen:
+    """The uninterrupted run of the same overrides (experiment "straight", arm baseline), in the background: the
+    reference a job's losses must match, trained while the job runs or waits in the queue."""
+    return subprocess.Popen([sys.executable, "-m", "launcher.pretrain", "smoke", "--arm", "baseline", "--no-report",
+                             *common, "run.experiment=straight"], cwd=REPO, env=launcher_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
 def output(tmp_path) -> str:
     return "\n".join(p.read_text() for p in sorted(tmp_path.glob("fp8-attention-*.out")))
 
@@ -105,9 +113,7 @@ def test_time_limit_checkpoints_requeues_and_resumes_exactly(slurm, kjv_data, tm
 
     [capped_job] = slurm.wait(capped, timeout=300)
     # the uninterrupted run, beside the second leg (not beside the first two: the 2 cores would slow them down)
-    straight = subprocess.Popen([sys.executable, "-m", "launcher.pretrain", "smoke", "--arm", "baseline",
-                                 "--no-report", *common, "run.experiment=straight"], cwd=REPO, env=launcher_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    straight = start_straight_run(common)
     said = output(tmp_path / "capped")
     assert "SIGUSR1: finishing this step" in said and "not requeueing: job" in said, said
     assert capped_job.restarts == 0 and capped_job.state == "FAILED"  # exit 130: interrupted, with its checkpoint
@@ -149,11 +155,12 @@ def test_scancel_during_a_checkpoint_write_leaves_a_resumable_run(slurm, kjv_dat
     assert saved in ("step_00000020.pt", "step_00000021.pt"), said
 
     second = slurm.sbatch(args, job_env(ARMS="baseline"), REPO)
+    straight = start_straight_run(common)
     [done] = slurm.wait(second, timeout=300)
     said = output(tmp_path)
     assert done.state == "COMPLETED" and f"resumed from {saved}" not in said  # (the path is absolute)
     assert re.search(rf"resumed from \S*{saved} at step {int(saved[5:13])}", said), said
-    launch(["smoke", "--arm", "baseline", "--no-report", *common, "run.experiment=straight"])
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()
     got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
     assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
 
@@ -173,6 +180,8 @@ def test_preemption_saves_and_requeues_the_job(slurm, kjv_data, tmp_path):
         time.sleep(0.2)
     urgent = slurm.sbatch(["--partition=urgent", "--nodelist=n1", "--exclusive", f"--output={tmp_path}/urgent.out",
                            "--wrap", "sleep 2"], {}, tmp_path)
+    # the uninterrupted run, while the preempted job waits in the queue
+    straight = start_straight_run(common)
     [done] = slurm.wait(job, timeout=300)
     said = output(tmp_path)
     assert done.state == "COMPLETED" and done.restarts == 1, f"{done}\n{said}\n{slurm.logs()}"
@@ -181,6 +190,6 @@ def test_preemption_saves_and_requeues_the_job(slurm, kjv_data, tmp_path):
     assert "SIGTERM: finishing this step" in said and "[slurm] preempted: requeueing job" in said, said
     stopped_at = int(re.search(r"interrupted at step (\d+)", said).group(1))
     assert re.search(rf"resumed from \S*step_{stopped_at:08d}.pt at step {stopped_at}", said), said
-    launch(["smoke", "--arm", "baseline", "--no-report", *common, "run.experiment=straight"])
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()
     got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
     assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
