@@ -12,7 +12,7 @@ import time
 import pytest
 
 from launcher.checkpoint import CheckpointStore
-from tests.runs import REPO, all_scalars, launch, launcher_env
+from tests.runs import REPO, all_scalars, launcher_env
 
 pytestmark = pytest.mark.slurm
 
@@ -72,14 +72,16 @@ def test_both_arms_on_two_nodes_each_then_the_report(slurm, kjv_data, tmp_path):
     assert len({port for _, _, port in starts}) == 2  # one port per job: the arms never collide
     assert all(t.fields["NodeList"] == "n[1-2]" for t in tasks)
 
+    # one process's run of the same steps, while the report job waits and runs
+    single_run = start_straight_run([*overrides, f"run.out_dir={tmp_path / 'single'}"])
     report_job = re.search(r"Submitted batch job (\d+)", said).group(1)
     assert [t.state for t in slurm.wait(report_job, timeout=120)] == ["COMPLETED"], slurm.logs()
     assert (out_dir / "smoke" / "report" / "report.html").is_file()
     assert "report:" in (out_dir / "smoke" / f"report-{report_job}.out").read_text()
 
     # The two-node arm trained what one process trains (data parallel 2 matches 1 process to 1e-4)
-    launch(["smoke", "--arm", "baseline", "--no-report", *overrides, f"run.out_dir={tmp_path / 'single'}"])
-    single = all_scalars(tmp_path / "single" / "smoke" / "baseline")["train/loss"]
+    assert single_run.wait(timeout=300) == 0, single_run.stderr.read()
+    single = all_scalars(tmp_path / "single" / "straight" / "baseline")["train/loss"]
     arms = {arm: all_scalars(out_dir / "smoke" / arm)["train/loss"] for arm in ("baseline", "fixed")}
     assert sorted(arms["baseline"]) == sorted(arms["fixed"]) == list(range(1, 7))
     assert arms["baseline"][1] == pytest.approx(arms["fixed"][1], rel=1e-3)  # same weights, same batch
