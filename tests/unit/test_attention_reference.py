@@ -209,6 +209,19 @@ def test_build_attention_passes_the_global_head_index(seed):
     assert sdpa(q[:, 2:], k[:, 2:], v[:, 2:]).shape == q[:, 2:].shape  # ignored: no head-dependent numerics
 
 
+def test_build_attention_gives_the_triton_kernel_its_launch_options():
+    """attention.autotune and attention.deterministic reach the Triton kernel's call (and only it: the reference
+    has no launches). Nothing is launched here."""
+    from model.attention import AttentionConfig, build_attention
+
+    cpu = torch.device("cpu")
+    triton_call = build_attention(AttentionConfig(backend="triton", autotune=False, deterministic=False), cpu)
+    assert triton_call.keywords["autotune"] is False and triton_call.keywords["deterministic"] is False
+    assert build_attention(AttentionConfig(backend="triton"), cpu).keywords["deterministic"] is True
+    reference_call = build_attention(AttentionConfig(backend="reference", deterministic=False), cpu)
+    assert "deterministic" not in reference_call.keywords and "autotune" not in reference_call.keywords
+
+
 def test_defaults_are_the_unsharded_head_index(seed):
     """head_offset=0, total_heads=0 and total_heads=q heads are the same call (existing callers unchanged)."""
     q, k, v, _ = tied_maxima_inputs(2, 2, 2, 70)
