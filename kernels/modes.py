@@ -86,6 +86,9 @@ class Numerics:
     paper_tile: int  # keys per rounding tile of rounding=paper (0: the whole row); 0 for rounding=fa2
     delta_gain: float = 1.0  # FP32; delta = delta_fp32 + gain * s * (delta_mode - delta_fp32)
     delta_random: bool = False  # s = +-1 per row from the noise hash (else s = +1)
+    # paper, bf16 and a power-of-two sm_scale (head_dim 16, 64): LP(q.k) * scale is a bf16 value already (down to
+    # FP32's smallest normal), so the kernel leaves out S's second rounding (triton_flash._paper_score); same bits
+    score_rounds_once: bool = False
 
     @property
     def amplified(self) -> bool:
@@ -142,6 +145,7 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
         paper_tile=paper_block_keys if paper else 0,
         delta_gain=_fp32(delta_gain),
         delta_random=delta_sign == "random",
+        score_rounds_once=paper and dtype == torch.bfloat16 and math.frexp(sm_scale)[0] == 0.5,
     )
 
 

@@ -185,7 +185,7 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
     seq = q.shape[2]
     qf, kf, vf, dof = q.float(), k.float(), v.float(), d_out.to(lp).float()
     delta = delta_of(dof, o_saved, nm, o32, noise_keys, head_offset).unsqueeze(-1)
-    lse_s = (lse * LOG2E if not nm.paper else lse).unsqueeze(-1)
+    lse_s = (lse * LOG2E).unsqueeze(-1)
     rows = torch.arange(seq, device=q.device).view(1, 1, seq, 1)
     dq = torch.zeros_like(qf)
     dk, dv = (torch.empty_like(t) if out_fill is None else torch.full_like(t, out_fill) for t in (kf, vf))
@@ -193,10 +193,8 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
         n1 = min(n0 + block_n, seq)
         kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]
         qk = qf @ kt.transpose(-1, -2)
-        if nm.paper:
-            p = torch.exp2((round_lp(round_lp(qk, lp) * nm.sm_scale, lp) - lse_s) * LOG2E)
-        else:
-            p = torch.exp2(qk * nm.exp_scale - lse_s)
+        s = round_lp(round_lp(qk, lp) * nm.sm_scale, lp) if nm.paper else qk
+        p = torch.exp2(s * nm.exp_scale - lse_s)
         if causal:
             cols = torch.arange(n0, n1, device=q.device).view(1, 1, 1, -1)
             p = p.masked_fill(cols > rows, 0.0)

@@ -12,8 +12,10 @@ product's rounding error in the exponent: harmless for ordinary logits, inf or 0
 per score.
 
 In rounding=paper the forward walks paper tiles of PAPER_TILE keys (512 by default, 0 = the whole row), each in two
-passes over its BLOCK_N-key blocks: the tile's max (and the fixes' tie test), then P_bar with that max, the FP32 row
-sum and the FP32-accumulated P_bar V; the running O and l are rounded once per tile (``_fwd_paper_tiles``).
+passes over its BLOCK_N-key blocks: the tile's max (and the fixes' tie test), taken on the raw q.k and rounded once
+(rounding keeps the order), then P_bar with that max, the FP32 row sum and the FP32-accumulated P_bar V; the running
+O and l are rounded once per tile (``_fwd_paper_tiles``). With bf16 and a power-of-two scale the scores' second
+rounding is a no-op and left out (``_paper_score``).
 
 Layout: q, k, v are (batch, heads, seq, head_dim) with any strides but a unit last one, k/v may have fewer heads
 (grouped-query attention). O, the FP32 O and dq/dk/dv are allocated like their inputs (``_like``), dO is read with
@@ -255,10 +257,22 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt,
 
 
 @triton.jit
+def _paper_score(qk, scale, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """S = LP(LP(q.k) * scale): the authors' autocast rounds the product, then the scaled scores. SCALE_POW2 (bf16
+    and a power-of-two scale: head_dim 4, 16, 64, 256): a bf16 value times 2^-k is a bf16 value while it stays at or
+    above FP32's smallest normal, 2^-126, so the second rounding changes nothing and is left out (one conversion
+    less per score; ``Numerics.score_rounds_once`` says when, test_pow2_scale_keeps_bf16_scores_exact checks it)."""
+    s = _round_lp(qk, IS_BF16, EXPLICIT) * scale
+    if not SCALE_POW2:
+        s = _round_lp(s, IS_BF16, EXPLICIT)
+    return s
+
+
+@triton.jit
 def _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
-    """S = LP(LP(q.k) * scale) of the key block at start_n (the authors' autocast rounds the product, then the
-    scaled scores); masked entries -inf."""
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
+                  EXPLICIT: tl.constexpr):
+    """S (``_paper_score``) of the key block at start_n; masked entries -inf."""
     cols = start_n + tl.arange(0, BLOCK_N)
     k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
     if MASKED:
@@ -266,7 +280,7 @@ def _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale,
     else:
         k = tl.load(k_ptrs)
     qk = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
-    s = _round_lp(_round_lp(qk, IS_BF16, EXPLICIT) * score_scale, IS_BF16, EXPLICIT)
+    s = _paper_score(qk, score_scale, SCALE_POW2, IS_BF16, EXPLICIT)
     if MASKED:
         valid = cols[None, :] < T
         if CAUSAL:
@@ -276,21 +290,34 @@ def _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale,
 
 
 @triton.jit
-def _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, lo, hi, score_scale, BLOCK_N: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TIES: tl.constexpr, IS_BF16: tl.constexpr,
-                    EXPLICIT: tl.constexpr):
-    """Pass 1 over the key blocks [lo, hi) of a paper tile: the row max top1 and (TIES) the second largest score
-    top2, counted with multiplicity. "r_m attained more than once within eps" is r_m - top2 <= eps: the same rows
-    as the reference's tie count, without a second pass that needs r_m first."""
+def _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, lo, hi, BLOCK_N: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TIES: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Pass 1 over the key blocks [lo, hi) of a paper tile: the largest raw product q.k per row, top1, and (TIES)
+    the second largest, top2, counted with multiplicity; masked entries -inf. The caller rounds them as the scores
+    are rounded: S = LP(LP(q.k) * scale) is a non-decreasing function of q.k (scale > 0), so it keeps the order of
+    the scores and the two largest rounded scores are the rounded two largest products, bit for bit, at a fraction
+    of the cost of rounding every score (at head_dim 64 this pass is bound by element-wise work, not the MMA).
+    "r_m attained more than once within eps" is then r_m - top2 <= eps: the same rows as the reference's tie
+    count, without a second pass that needs r_m first."""
+    offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        s = _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N, MASKED, CAUSAL,
-                          IS_BF16, EXPLICIT)
-        block_max = tl.max(s, 1)
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        qk = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
+        if MASKED:
+            valid = cols[None, :] < T
+            if CAUSAL:
+                valid = valid & (offs_m[:, None] >= cols[None, :])
+            qk = tl.where(valid, qk, float("-inf"))
         if TIES:
-            at_max = s == block_max[:, None]
-            repeated = tl.sum(at_max.to(tl.int32), 1) > 1
-            block_second = tl.where(repeated, block_max, tl.max(tl.where(at_max, float("-inf"), s), 1))
+            block_max, block_second = _row_top2(qk, EXPLICIT)
             top2 = tl.maximum(tl.maximum(top2, block_second), tl.minimum(top1, block_max))
+        else:
+            block_max = tl.max(qk, 1)
         top1 = tl.maximum(top1, block_max)
     return top1, top2
 
@@ -298,12 +325,13 @@ def _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, lo, hi,
 @triton.jit
 def _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, T, lo, hi, m_use,
                      score_scale, exp_scale, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                     CAUSAL: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+                     CAUSAL: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
+                     EXPLICIT: tl.constexpr):
     """Pass 2 over the key blocks [lo, hi) of a paper tile: P_bar = exp(LP(S - m)) with the tile's m; the FP32
     row sum and the FP32-accumulated product LP(P_bar) V (rounded once, at the tile's end, by the caller)."""
     for start_n in range(lo, hi, BLOCK_N):
         s = _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N, MASKED, CAUSAL,
-                          IS_BF16, EXPLICIT)
+                          SCALE_POW2, IS_BF16, EXPLICIT)
         p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * exp_scale)
         row_sum += tl.sum(p, 1)
         cols = start_n + tl.arange(0, BLOCK_N)
@@ -320,8 +348,8 @@ def _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_
 def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T,
                      full_hi, hi, score_scale, exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAPER_TILE: tl.constexpr,
-                     CAUSAL: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr,
-                     SHADOW: tl.constexpr):
+                     CAUSAL: tl.constexpr, FIX: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
+                     EXPLICIT: tl.constexpr, SHADOW: tl.constexpr):
     """rounding=paper: the online softmax over tiles of PAPER_TILE keys (0: the whole row [0, hi)), rounding the
     running O and l once per tile. Each tile takes two passes over its BLOCK_N-key blocks: the tile's max (and tie
     test), then P_bar with that max. Blocks below full_hi need no mask. A tile without a valid key for a row (above
@@ -336,10 +364,12 @@ def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, st
         split = tl.minimum(tl.maximum(full_hi, t0), t1)  # [t0, split) unmasked, [split, t1) masked
         top1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
         top2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        top1, top2 = _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, t0, split, score_scale,
-                                     BLOCK_N, False, CAUSAL, TIES, IS_BF16, EXPLICIT)
-        top1, top2 = _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, split, t1, score_scale,
-                                     BLOCK_N, True, CAUSAL, TIES, IS_BF16, EXPLICIT)
+        top1, top2 = _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, t0, split, BLOCK_N,
+                                     False, CAUSAL, TIES, EXPLICIT)
+        top1, top2 = _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, split, t1, BLOCK_N,
+                                     True, CAUSAL, TIES, EXPLICIT)
+        top1 = _paper_score(top1, score_scale, SCALE_POW2, IS_BF16, EXPLICIT)
+        top2 = _paper_score(top2, score_scale, SCALE_POW2, IS_BF16, EXPLICIT)
         tied = (top1 - top2) <= eps_cmp
         m_new = tl.maximum(m_i, _fix_max(top1, tied, offs_m, bh_hash, beta, shift_scale, True, FIX, IS_BF16,
                                          EXPLICIT))
@@ -347,11 +377,11 @@ def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, st
         pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         row_sum = tl.zeros([BLOCK_M], tl.float32)
         pv, row_sum = _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, T, t0,
-                                       split, m_use, score_scale, exp_scale, LP, BLOCK_N, False, CAUSAL, IS_BF16,
-                                       EXPLICIT)
+                                       split, m_use, score_scale, exp_scale, LP, BLOCK_N, False, CAUSAL,
+                                       SCALE_POW2, IS_BF16, EXPLICIT)
         pv, row_sum = _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, T, split,
-                                       t1, m_use, score_scale, exp_scale, LP, BLOCK_N, True, CAUSAL, IS_BF16,
-                                       EXPLICIT)
+                                       t1, m_use, score_scale, exp_scale, LP, BLOCK_N, True, CAUSAL,
+                                       SCALE_POW2, IS_BF16, EXPLICIT)
         row_sum = _clamped_row_sum(row_sum, top1, FIX)
         alpha = tl.exp2(_round_lp(m_i - m_use, IS_BF16, EXPLICIT) * exp_scale)
         l_i = _round_lp(alpha * l_i + row_sum, IS_BF16, EXPLICIT)
@@ -369,8 +399,8 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
                 stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, H, GROUP, T, head_offset, total_heads,
                 score_scale, exp_scale, shift_scale, beta, eps_cmp, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
-                PAPER_TILE: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr,
-                STORE_O32: tl.constexpr):
+                PAPER_TILE: tl.constexpr, FIX: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
+                EXPLICIT: tl.constexpr, STORE_O32: tl.constexpr):
     LP: tl.constexpr = O.dtype.element_ty
     # paper keeps an FP32 shadow accumulation where an FP32 O is stored (fp32_output, the amplified delta path) or
     # stochastically rounded (stochastic_output); fa2's FP32 O is its accumulator
@@ -410,7 +440,8 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
         acc, l_i, m_i, acc32, l32 = _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt,
                                                      stride_vt, offs_m, offs_d, bh_hash, T, full_hi, hi, score_scale,
                                                      exp_scale, shift_scale, beta, eps_cmp, LP, HEAD_DIM, BLOCK_M,
-                                                     BLOCK_N, PAPER_TILE, CAUSAL, FIX, IS_BF16, EXPLICIT, SHADOW)
+                                                     BLOCK_N, PAPER_TILE, CAUSAL, FIX, SCALE_POW2, IS_BF16, EXPLICIT,
+                                                     SHADOW)
     else:
         acc, l_i, m_i, seen_max = _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m,
                                              offs_d, bh_hash, T, 0, full_hi, exp_scale, shift_scale, beta, eps_cmp,
@@ -457,7 +488,7 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
 @triton.jit
 def _row_tile(X, b, h, stride_b, stride_h, stride_t, offs_m, offs_d, ok):
     """Rows offs_m of x[b, h] as an FP32 (rows x head_dim) tile, zeros where ``ok`` (the rows < T) is false: the loads
-    of both delta launches. The caller computes ``ok`` once, as the kernels did before this helper, so their sm_90
+    of both delta launches and of the dQ finish. The caller computes ``ok`` once, as the kernels did before this helper, so their sm_90
     PTX is unchanged instruction for instruction."""
     return tl.load(X + b * stride_b + h * stride_h + offs_m[:, None] * stride_t + offs_d[None, :], mask=ok,
                    other=0.0).to(tl.float32)
@@ -506,23 +537,21 @@ def _bwd_delta_gain_kernel(OS, O32, DO, KEYS, DELTA, stride_ob, stride_oh, strid
 
 
 @triton.jit
-def _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+def _probs_t(k, qt, lse, sm_scale, exp_scale, PAPER: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
+             EXPLICIT: tl.constexpr):
     """P^T of a (key tile x query tile) block recomputed from LSE (natural log), scores rounded as in the forward."""
-    qkt = _mma(k, qt, None, EXPLICIT)
+    s_t = _mma(k, qt, None, EXPLICIT)
     if PAPER:
-        s_t = _round_lp(_round_lp(qkt, IS_BF16, EXPLICIT) * sm_scale, IS_BF16, EXPLICIT)
-        pt = tl.exp2((s_t - lse[None, :]) * 1.4426950408889634)
-    else:
-        pt = tl.exp2(qkt * exp_scale - (lse * 1.4426950408889634)[None, :])
-    return pt
+        s_t = _paper_score(s_t, sm_scale, SCALE_POW2, IS_BF16, EXPLICIT)
+    return tl.exp2(s_t * exp_scale - (lse * 1.4426950408889634)[None, :])  # one FMA per score
 
 
 @triton.jit
 def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols, offs_d, T, lo,
                     hi, DQ32, dq32_base, stride_dq32t, b, h,
                     sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
-                    EXPLICIT: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, SCALE_POW2: tl.constexpr,
+                    IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """Accumulate dK^T-side products of one key tile over query tiles [lo, hi) of one head (query head h).
     ATOMIC_DQ: also add this key tile's share of dQ, LP(dS) K (unscaled), into the FP32 buffer of query rows
     (``dq32_base`` + row * stride_dq32t, or through the 4-D descriptor DQ32 when DQ_TMA: a TMA reduction)."""
@@ -543,7 +572,7 @@ def _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
             delta = tl.load(delta_base + rows)
         q = _loaded_operand(q, EXPLICIT)
         do = _loaded_operand(do, EXPLICIT)
-        pt = _probs_t(k, tl.trans(q), lse, sm_scale, exp_scale, PAPER, IS_BF16, EXPLICIT)
+        pt = _probs_t(k, tl.trans(q), lse, sm_scale, exp_scale, PAPER, SCALE_POW2, IS_BF16, EXPLICIT)
         if MASKED:
             valid = (rows[None, :] < T) & (cols[:, None] < T)
             if CAUSAL:
@@ -571,8 +600,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ32, stride_qb, stride_qh
                      stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dkb,
                      stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                     PAPER: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                     DQ_TMA: tl.constexpr):
+                     PAPER: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr,
+                     ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """dK and dV of one key tile of one k/v head, summed over the GROUP query heads that share it. ATOMIC_DQ (the
     non-deterministic backward): dQ's shares are added into DQ32, a contiguous FP32 (B, H, T, head_dim) buffer of
     zeros (a 4-D TMA descriptor of it when DQ_TMA), in whatever order the tiles finish; ``_bwd_dq_finish_kernel``
@@ -617,20 +646,22 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ32, stride_qb, stride_qh
             dq32_base = DQ32 + bh * T * HEAD_DIM  # contiguous (B, H, T, head_dim); unused unless ATOMIC_DQ
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols,
                                  offs_d, T, m_lo, m_diag, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale, exp_scale, LP,
-                                 HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16, EXPLICIT, ATOMIC_DQ, DQ_TMA)
+                                 HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, SCALE_POW2, IS_BF16, EXPLICIT, ATOMIC_DQ,
+                                 DQ_TMA)
         if start_n + BLOCK_N <= T:
             dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
                                      cols, offs_d, T, m_diag, full_end, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale,
-                                     exp_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER, IS_BF16, EXPLICIT,
-                                     ATOMIC_DQ, DQ_TMA)
+                                     exp_scale, LP, HEAD_DIM, BLOCK_M, False, CAUSAL, PAPER, SCALE_POW2, IS_BF16,
+                                     EXPLICIT, ATOMIC_DQ, DQ_TMA)
         else:
             dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
                                      cols, offs_d, T, m_diag, full_end, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale,
-                                     exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16, EXPLICIT,
-                                     ATOMIC_DQ, DQ_TMA)
+                                     exp_scale, LP, HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, SCALE_POW2, IS_BF16,
+                                     EXPLICIT, ATOMIC_DQ, DQ_TMA)
         dk, dv = _bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot, cols,
                                  offs_d, T, tail_lo, m_end, DQ32, dq32_base, HEAD_DIM, b, h, sm_scale, exp_scale, LP,
-                                 HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, IS_BF16, EXPLICIT, ATOMIC_DQ, DQ_TMA)
+                                 HEAD_DIM, BLOCK_M, True, CAUSAL, PAPER, SCALE_POW2, IS_BF16, EXPLICIT, ATOMIC_DQ,
+                                 DQ_TMA)
     dk = dk * sm_scale
     if EXPLICIT:
         dk = _round_lp(dk, IS_BF16, EXPLICIT)
@@ -660,8 +691,8 @@ def _key_rows(X, b, hk, start_n, x_base, stride_t, cols, offs_d, T, BLOCK_N: tl.
 @triton.jit
 def _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi,
                   sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, IS_BF16: tl.constexpr,
-                  EXPLICIT: tl.constexpr, TMA: tl.constexpr):
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, SCALE_POW2: tl.constexpr,
+                  IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
     offs_n = tl.arange(0, BLOCK_N)
     lse2 = lse * 1.4426950408889634
@@ -671,12 +702,10 @@ def _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt,
         v = _key_rows(V, b, hk, start_n, v_base, stride_vt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
         k = _loaded_operand(k, EXPLICIT)
         v = _loaded_operand(v, EXPLICIT)
-        qk = _mma(q, tl.trans(k), None, EXPLICIT)
+        s = _mma(q, tl.trans(k), None, EXPLICIT)
         if PAPER:
-            s = _round_lp(_round_lp(qk, IS_BF16, EXPLICIT) * sm_scale, IS_BF16, EXPLICIT)
-            p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
-        else:
-            p = tl.exp2(qk * exp_scale - lse2[:, None])
+            s = _paper_score(s, sm_scale, SCALE_POW2, IS_BF16, EXPLICIT)
+        p = tl.exp2(s * exp_scale - lse2[:, None])
         if MASKED:
             valid = (rows[:, None] < T) & (cols[None, :] < T)
             if CAUSAL:
@@ -693,7 +722,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
                    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh,
                    stride_dqt, H, GROUP, T, exp_scale, sm_scale, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
-                   IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
+                   SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
     """dQ of one query tile of one head. TMA: K and V are 4-D tensor descriptors (``_kv_descriptors``), not
     pointers; their tiles then come through the TMA unit (``set_tma(True)``: 1.3-1.6x faster in a probe copy of
     this loop on the H200, but 2-3% slower than the pointer loads in this kernel: docs/attention-kernel.md,
@@ -730,15 +759,15 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, stride_qb, stride_qh, stride_qt,
         hi = T
     if start_m + BLOCK_M <= T:
         dq = _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
-                           0, full_hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, False, CAUSAL, PAPER, IS_BF16,
-                           EXPLICIT, TMA)
+                           0, full_hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, False, CAUSAL, PAPER, SCALE_POW2,
+                           IS_BF16, EXPLICIT, TMA)
     else:
         dq = _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
-                           0, full_hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER, IS_BF16,
-                           EXPLICIT, TMA)
+                           0, full_hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER, SCALE_POW2,
+                           IS_BF16, EXPLICIT, TMA)
     dq = _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
-                       full_hi, hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER, IS_BF16,
-                       EXPLICIT, TMA)
+                       full_hi, hi, sm_scale, exp_scale, LP, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER, SCALE_POW2,
+                       IS_BF16, EXPLICIT, TMA)
     dq = dq * sm_scale
     if EXPLICIT:
         dq = _round_lp(dq, IS_BF16, EXPLICIT)
@@ -758,7 +787,7 @@ def _bwd_dq_finish_kernel(DQ32, DQ, stride_dqb, stride_dqh, stride_dqt, H, T, sm
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = rows[:, None] < T
-    dq = tl.load(DQ32 + (bh * T + rows[:, None]) * HEAD_DIM + offs_d[None, :], mask=ok, other=0.0) * sm_scale
+    dq = _row_tile(DQ32, b, h, H * T * HEAD_DIM, T * HEAD_DIM, HEAD_DIM, rows, offs_d, ok) * sm_scale
     if EXPLICIT:
         dq = _round_lp(dq, IS_BF16, EXPLICIT)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqt + offs_d[None, :], dq.to(LP), mask=ok)
@@ -1085,7 +1114,8 @@ def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, t
             heads // k.shape[1], seq, int(head_offset), int(total_heads or heads))
     floats = (nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix,
-                IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET, STORE_O32=nm.keeps_fp32_output)
+                SCALE_POW2=nm.score_rounds_once, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET,
+                STORE_O32=nm.keeps_fp32_output)
     rows = bsz * heads
     tune_key = ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output)
     launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse, keys), ints, floats,
@@ -1141,7 +1171,8 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     inputs = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2])
     tail = (heads, heads // kv_heads, seq)
     floats = (nm.exp_scale, nm.sm_scale)
-    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
+    meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, SCALE_POW2=nm.score_rounds_once,
+                IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
     key = (seq, dim, causal, nm.paper, q.dtype)
     atomic = not deterministic
     if atomic:  # dQ's FP32 sums, filled by the dK/dV launch's atomics (zeros whatever ``fill`` says)

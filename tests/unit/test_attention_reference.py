@@ -47,6 +47,27 @@ def test_round_lp_fp16_is_the_cast(seed):
     assert torch.equal(round_lp(x, torch.float32), x)
 
 
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_pow2_scale_keeps_bf16_scores_exact(head_dim):
+    """The kernel's shortcut for rounding=paper (``Numerics.score_rounds_once``): with a power-of-two scale, every
+    bf16 value times the scale is a bf16 value again (S's second rounding a no-op) from FP32's smallest normal up,
+    and the shortcut is taken exactly for bf16 at head_dim 16 and 64. Below 2^-126 it is not exact (checked too, so
+    that the documented boundary is the real one)."""
+    scale = head_dim**-0.5
+    every_bf16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    scaled = every_bf16[torch.isfinite(every_bf16)] * scale
+    normal = (scaled.abs() >= 2.0**-126) | (scaled == 0)
+    assert torch.equal(round_lp(scaled[normal], torch.bfloat16), scaled[normal])
+    assert not torch.equal(round_lp(scaled[~normal], torch.bfloat16), scaled[~normal])
+    x = torch.zeros(1, 1, 4, head_dim, dtype=torch.bfloat16)
+    assert check_args(x, x, x, "paper", "none", 2.0, 1e-3, (torch.bfloat16,)).score_rounds_once
+    assert not check_args(x, x, x, "fa2", "none", 2.0, 1e-3, (torch.bfloat16,)).score_rounds_once
+    assert not check_args(x.half(), x.half(), x.half(), "paper", "none", 2.0, 1e-3, (torch.float16,)).score_rounds_once
+    for other in (32, 128):
+        y = torch.zeros(1, 1, 4, other, dtype=torch.bfloat16)
+        assert not check_args(y, y, y, "paper", "none", 2.0, 1e-3, (torch.bfloat16,)).score_rounds_once
+
+
 def test_safe_shift_is_bounded_and_varies_per_row(seed):
     rows = torch.arange(4096)
     for value in (0.0, -0.0, 1.0, -3.5, 1e4, 1e30, float("-inf")):
