@@ -208,6 +208,26 @@ def _row_top2(s, EXPLICIT: tl.constexpr):
 
 
 @triton.jit
+def _block_qk(q, k_base, stride_kt, offs_m, offs_d, T, start_n, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+              CAUSAL: tl.constexpr, EXPLICIT: tl.constexpr):
+    """The raw FP32 q.k of the key block at start_n, -inf where MASKED excludes an entry (keys past T; with CAUSAL,
+    keys after the query)."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    qk = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
+    if MASKED:
+        valid = cols[None, :] < T
+        if CAUSAL:
+            valid = valid & (offs_m[:, None] >= cols[None, :])
+        qk = tl.where(valid, qk, float("-inf"))
+    return qk
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, bh_hash, T, lo, hi,
                exp_scale, shift_scale, beta, eps_cmp, LP: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, FIX: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
@@ -218,18 +238,8 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt,
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
         v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        s = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
-        if MASKED:
-            valid = cols[None, :] < T
-            if CAUSAL:
-                valid = valid & (offs_m[:, None] >= cols[None, :])
-            s = tl.where(valid, s, float("-inf"))
+        s = _block_qk(q, k_base, stride_kt, offs_m, offs_d, T, start_n, BLOCK_N, MASKED, CAUSAL, EXPLICIT)
         if FIX == 1 or FIX == 2:
             # "r_m attained more than once within eps" is r_m - (second largest score, with multiplicity) <= eps
             r_m, second = _row_top2(s, EXPLICIT)
@@ -269,27 +279,6 @@ def _paper_score(qk, scale, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr, EXP
 
 
 @triton.jit
-def _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
-                  EXPLICIT: tl.constexpr):
-    """S (``_paper_score``) of the key block at start_n; masked entries -inf."""
-    cols = start_n + tl.arange(0, BLOCK_N)
-    k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    qk = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
-    s = _paper_score(qk, score_scale, SCALE_POW2, IS_BF16, EXPLICIT)
-    if MASKED:
-        valid = cols[None, :] < T
-        if CAUSAL:
-            valid = valid & (offs_m[:, None] >= cols[None, :])
-        s = tl.where(valid, s, float("-inf"))
-    return s
-
-
-@triton.jit
 def _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, lo, hi, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, TIES: tl.constexpr, EXPLICIT: tl.constexpr):
     """Pass 1 over the key blocks [lo, hi) of a paper tile: the largest raw product q.k per row, top1, and (TIES)
@@ -299,20 +288,8 @@ def _paper_tile_max(top1, top2, q, k_base, stride_kt, offs_m, offs_d, T, lo, hi,
     of the cost of rounding every score (at head_dim 64 this pass is bound by element-wise work, not the MMA).
     "r_m attained more than once within eps" is then r_m - top2 <= eps: the same rows as the reference's tie
     count, without a second pass that needs r_m first."""
-    offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        qk = _mma(q, tl.trans(_loaded_operand(k, EXPLICIT)), None, EXPLICIT)
-        if MASKED:
-            valid = cols[None, :] < T
-            if CAUSAL:
-                valid = valid & (offs_m[:, None] >= cols[None, :])
-            qk = tl.where(valid, qk, float("-inf"))
+        qk = _block_qk(q, k_base, stride_kt, offs_m, offs_d, T, start_n, BLOCK_N, MASKED, CAUSAL, EXPLICIT)
         if TIES:
             block_max, block_second = _row_top2(qk, EXPLICIT)
             top2 = tl.maximum(tl.maximum(top2, block_second), tl.minimum(top1, block_max))
@@ -330,8 +307,8 @@ def _paper_tile_sums(pv, row_sum, q, k_base, v_base, stride_kt, stride_vt, offs_
     """Pass 2 over the key blocks [lo, hi) of a paper tile: P_bar = exp(LP(S - m)) with the tile's m; the FP32
     row sum and the FP32-accumulated product LP(P_bar) V (rounded once, at the tile's end, by the caller)."""
     for start_n in range(lo, hi, BLOCK_N):
-        s = _paper_scores(q, k_base, stride_kt, offs_m, offs_d, T, start_n, score_scale, BLOCK_N, MASKED, CAUSAL,
-                          SCALE_POW2, IS_BF16, EXPLICIT)
+        qk = _block_qk(q, k_base, stride_kt, offs_m, offs_d, T, start_n, BLOCK_N, MASKED, CAUSAL, EXPLICIT)
+        s = _paper_score(qk, score_scale, SCALE_POW2, IS_BF16, EXPLICIT)  # the roundings keep -inf
         p = tl.exp2(_round_lp(s - m_use[:, None], IS_BF16, EXPLICIT) * exp_scale)
         row_sum += tl.sum(p, 1)
         cols = start_n + tl.arange(0, BLOCK_N)
@@ -488,8 +465,8 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
 @triton.jit
 def _row_tile(X, b, h, stride_b, stride_h, stride_t, offs_m, offs_d, ok):
     """Rows offs_m of x[b, h] as an FP32 (rows x head_dim) tile, zeros where ``ok`` (the rows < T) is false: the loads
-    of both delta launches and of the dQ finish. The caller computes ``ok`` once, as the kernels did before this helper, so their sm_90
-    PTX is unchanged instruction for instruction."""
+    of both delta launches and of the dQ finish. The caller computes ``ok`` once, as the kernels did before this
+    helper, so their sm_90 PTX is unchanged instruction for instruction."""
     return tl.load(X + b * stride_b + h * stride_h + offs_m[:, None] * stride_t + offs_d[None, :], mask=ok,
                    other=0.0).to(tl.float32)
 

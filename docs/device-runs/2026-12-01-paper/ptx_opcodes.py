@@ -1,0 +1,32 @@
+"""Dump sm_90 PTX of the forward kernel (fa2/none, paper/none at d64) for a before/after comparison."""
+import sys, hashlib, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+sys.path.insert(0, sys.argv[1])
+from kernels import triton_flash as tf
+target = GPUTarget("cuda", 90, 32)
+fn = tf._fwd_kernel
+sig = {}
+for name in fn.arg_names:
+    sig[name] = "i32"
+for name in ("Q", "K", "V", "O"):
+    sig[name] = "*bf16"
+for name in ("O32", "LSE"):
+    sig[name] = "*fp32"
+sig["KEYS"] = "*i64"
+for name in ("score_scale", "exp_scale", "shift_scale", "beta", "eps_cmp"):
+    sig[name] = "fp32"
+for paper, fix in ((False, 0), (True, 0), (False, 1), (True, 1)):
+    consts = dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, PAPER=paper, PAPER_TILE=512 if paper else 0,
+                  FIX=fix, IS_BF16=True, EXPLICIT=False, STORE_O32=False)
+    if "SCALE_POW2" in fn.arg_names:
+        consts["SCALE_POW2"] = paper
+    for k in consts: sig[k] = "constexpr"
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    ptx = triton.compile(src, target=target, options=dict(num_warps=4, num_stages=3)).asm["ptx"]
+    body = "\n".join(l for l in ptx.splitlines() if not l.strip().startswith(("//", ".file", ".loc", "$L__")) )
+    body = re.sub(r"\.loc.*", "", body)
+    n = sum(1 for l in body.splitlines() if l.strip().endswith(";"))
+    print(paper, fix, n, hashlib.sha1(body.encode()).hexdigest()[:12])
+    open(f"/tmp/ptx_{sys.argv[2]}_{int(paper)}_{fix}.ptx", "w").write(ptx)
