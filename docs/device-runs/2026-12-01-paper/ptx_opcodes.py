@@ -1,4 +1,12 @@
-"""Dump sm_90 PTX of the forward kernel (fa2/none, paper/none at d64) for a before/after comparison."""
+"""sm_90 PTX of the forward kernel, compiled on the CPU machine (no GPU needed), for a before/after comparison.
+
+    python docs/device-runs/2026-12-01-paper/ptx_opcodes.py <tree> <label>
+
+<tree>: the repository whose kernels/ is compiled; <label>: a name for the output files. Compiles fa2 and paper,
+fix none and dynamic_max, head_dim 64, 64 x 64 tiles, 4 warps, 3 stages; prints the number of PTX instructions and
+a hash, and writes /tmp/ptx_<label>_<paper>_<fix>.ptx. The paper-speed session compared two trees' files by their
+sorted opcode counts (`grep -E '^\s+[a-z]' FILE | awk '{print $1}' | sort | uniq -c`).
+"""
 import sys, hashlib, re
 import triton
 from triton.backends.compiler import GPUTarget
