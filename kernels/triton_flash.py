@@ -269,7 +269,7 @@ def _fwd_tiles(acc, l_i, m_i, seen_max, q, k_base, v_base, stride_kt, stride_vt,
 @triton.jit
 def _paper_score(qk, scale, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
     """S = LP(LP(q.k) * scale): the authors' autocast rounds the product, then the scaled scores. SCALE_POW2 (bf16
-    and a power-of-two scale: head_dim 4, 16, 64, 256): a bf16 value times 2^-k is a bf16 value while it stays at or
+    and a power-of-two scale: head_dim 16 or 64 of the supported ones): a bf16 value times 2^-k is a bf16 value while it stays at or
     above FP32's smallest normal, 2^-126, so the second rounding changes nothing and is left out (one conversion
     less per score; ``Numerics.score_rounds_once`` says when, test_pow2_scale_keeps_bf16_scores_exact checks it)."""
     s = _round_lp(qk, IS_BF16, EXPLICIT) * scale
