@@ -1116,6 +1116,40 @@ def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fill: f
     return _like(q, fill=fill), _like(k, fill=fill), _like(v, fill=fill)
 
 
+def _delta_launch(d_out, o_saved, nm: Numerics, o32=None, noise_keys=None, head_offset: int = 0,
+                  fill: float | None = None):
+    """(the launch of delta = rowsum(dO * O_saved), the FP32 (B, H, T) delta it fills): the plain delta, or the
+    amplified one (``nm.amplified``), which also reads the forward's FP32 O ``o32`` (and ``noise_keys`` for random
+    signs). Shared by both backward kernels (kernels.gluon_flash's too)."""
+    bsz, heads, seq, dim = d_out.shape
+    delta = _new((bsz, heads, seq), torch.float32, d_out.device, fill)
+    os_, ds = o_saved.stride(), d_out.stride()
+    q_rows = bsz * heads
+    if nm.amplified:
+        if o32 is None or o32.numel() == 0:
+            raise ValueError("delta_gain != 1 or delta_sign='random' needs the forward's FP32 O (o32)")
+        o32 = _last_dim_contiguous(o32)
+        s32 = o32.stride()
+        keys = _keys_arg(nm, noise_keys, bsz, d_out.device)
+        launch = _Launch(DELTA_GAIN, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, o32, d_out, keys, delta),
+                         (os_[0], os_[1], os_[2], s32[0], s32[1], s32[2], ds[0], ds[1], ds[2], heads, seq,
+                          int(head_offset)), (nm.delta_gain,), dict(HEAD_DIM=dim, RANDOM=nm.delta_random))
+    else:
+        launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
+                         (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
+    return launch, delta
+
+
+def dq_finish_launch(dq32: torch.Tensor, dq: torch.Tensor, nm: Numerics) -> _Launch:
+    """The launch that writes dQ = LP(scale * dq32) from the FP32 sums of an accumulating backward (the atomic
+    dQ of this kernel, kernels.gluon_flash's fused backward); dq32 contiguous (B, H, T, head_dim), dq like q."""
+    bsz, heads, seq, dim = dq.shape
+    dqs = dq.stride()
+    return _Launch(DQ_FINISH, lambda c: (_cdiv(seq, c["BLOCK_M"]), bsz * heads), (dq32, dq),
+                   (dqs[0], dqs[1], dqs[2], heads, seq), (nm.sm_scale,),
+                   dict(HEAD_DIM=dim, IS_BF16=dq.dtype == torch.bfloat16, EXPLICIT=INTERPRET))
+
+
 def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
                        head_offset: int = 0, *, autotune: bool = True, fill: float | None = None,
                        deterministic: bool = True):
@@ -1126,22 +1160,9 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     third launch only scales and rounds it (see ``flash_attention``)."""
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
-    delta = _new((bsz, heads, seq), torch.float32, q.device, fill)
-    os_, ds = o_saved.stride(), d_out.stride()
+    delta_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
+    ds = d_out.stride()
     q_rows, kv_rows = bsz * heads, bsz * kv_heads
-    if nm.amplified:
-        if o32 is None or o32.numel() == 0:
-            raise ValueError("delta_gain != 1 or delta_sign='random' needs the forward's FP32 O (o32)")
-        o32 = _last_dim_contiguous(o32)
-        s32 = o32.stride()
-        keys = _keys_arg(nm, noise_keys, bsz, q.device)
-        delta_launch = _Launch(DELTA_GAIN, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows),
-                               (o_saved, o32, d_out, keys, delta),
-                               (os_[0], os_[1], os_[2], s32[0], s32[1], s32[2], ds[0], ds[1], ds[2], heads, seq,
-                                int(head_offset)), (nm.delta_gain,), dict(HEAD_DIM=dim, RANDOM=nm.delta_random))
-    else:
-        delta_launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
-                               (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
     dq, dk, dv = _backward_outputs(q, k, v, fill)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     dqs, dks, dvs = dq.stride(), dk.stride(), dv.stride()
@@ -1165,10 +1186,7 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
                           {**meta, "ATOMIC_DQ": atomic, "DQ_TMA": dq_tma},
                           (("dkdv", atomic, dq_tma) + key) if autotune else None)
     if atomic:
-        finish = _Launch(DQ_FINISH, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (dq32, dq),
-                         (dqs[0], dqs[1], dqs[2], heads, seq), (nm.sm_scale,),
-                         dict(HEAD_DIM=dim, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET))
-        return (delta_launch, dkdv_launch, finish), (dq, dk, dv)
+        return (delta_launch, dkdv_launch, dq_finish_launch(dq32, dq, nm)), (dq, dk, dv)
     tma = _tma_ok(k, v)
     k_arg, v_arg = _kv_descriptors(k, v) if tma else (k, v)
     dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k_arg, v_arg, d_out, lse, delta, dq),

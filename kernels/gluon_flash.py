@@ -1,0 +1,521 @@
+"""Hopper (sm_90) flash attention in Gluon: warp-specialised forward, fused backward, rounding=fa2 numerics.
+
+Gluon (``triton.experimental.gluon``) is Triton's tile-level language: layouts, shared memory, TMA, mbarriers,
+asynchronous ``wgmma`` and warp specialisation are written out instead of left to the compiler. This file uses
+them the way FA3 does on Hopper (Shah et al., "FlashAttention-3", arXiv 2407.08608):
+
+- forward: one CTA per 128 query rows of one head. A 1-warp producer partition streams K and V tiles by TMA
+  through a ring of shared-memory stages; two 4-warp consumer warpgroups own 64 query rows each and take the
+  stages in turn. Inside a consumer the next tile's Q K^T is issued before this tile's softmax, so the softmax
+  overlaps a running PV product (FA3's "intra-warpgroup pipelining");
+- backward (``_bwd_kernel``): one CTA per key tile of one k/v head; K and V are loaded once, Q, dO (TMA) and
+  LSE, delta stream past; 5 matrix products per tile pair, P^T and dS^T kept in registers as the A operand of
+  dV and dK, dS^T staged in shared memory for dQ's share, which is added into an FP32 buffer with atomics, in a
+  fixed order per query tile (``deterministic``) or as tiles finish.
+
+Numerics are rounding=fa2's exactly as ``kernels.reference`` states them (FP32 scores, the maximum taken on the raw
+q.k, P_bar = exp2((q.k - m) * scale*log2(e)), bf16 P for the PV product, FP32 accumulator, one final rounding),
+for the fixes that only change the forward's epilogue or the delta: none, fp32_output, stochastic_output and the
+delta-error stress (``delta_gain``, ``delta_sign``). The dynamic-maximum fixes and rounding=paper keep the Triton
+kernel (``supports`` says why). The order of FP32 sums follows the tiles (128 keys here, 64 in the reference and
+the Triton kernel's fixed configuration), so results agree with the reference to FP32 rounding of the sums, not
+bit for bit; tests/gpu compare them with a tolerance derived from that order.
+
+Gluon's API moved between the Triton releases this project allows (3.6 to 3.9); the few names that changed are
+resolved once below (``_tma_load``). ``kernels.offline_compile`` compiles these kernels for sm_90 without a GPU
+(CI checks that they still compile under its Triton).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.modes import FIX_FP32_OUTPUT, FIX_NONE, FIX_STOCHASTIC, Numerics
+from kernels.triton_flash import _row_hash, _sr_bf16
+
+# Triton 3.9 renamed the TMA copies (3.6-3.8: async_copy_global_to_shared, which 3.9 keeps only to raise an error)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# Tiles: 128 query rows per CTA (64 per consumer warpgroup) and 128 keys per tile, as FA3 and TLX on Hopper.
+FWD_BLOCK_M = 128
+FWD_BLOCK_N = 128
+FWD_STAGES = {64: 3, 128: 2}  # K/V ring depth per head_dim: shared memory holds Q + 2 x stages x 128 x d bf16
+FWD_CONSUMER_REGS = 240  # registers per thread of a consumer warpgroup (setmaxnreg); the producer gets 24
+FWD_PRODUCER_REGS = 24
+MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, b, h, hk,
+                  start_m, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """1 warp: Q's two 64-row halves once, then the K and V tiles of [0, n_tiles) into the ring; a stage is
+    refilled once both consumers released it (``kv_empty``, count 2)."""
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    for c in gl.static_range(2):
+        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_bars.index(c), q_smem.index(c))
+    for j in range(n_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(kv_empty.index(stage), phase ^ 1)  # a fresh barrier counts as released: the first pass goes
+        mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _fwd_softmax(scores, m_i, l_i, rows, col0, T, exp_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                 BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """One key tile of fa2's online softmax on the raw FP32 q.k: (P_bar, new max, alpha, new row sum); MASKED
+    applies the ragged tail (keys >= T) and, with CAUSAL, the diagonal (keys after the query)."""
+    if MASKED:
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        valid = cols[None, :] < T
+        if CAUSAL:
+            valid = valid & (rows[:, None] >= cols[None, :])
+        scores = gl.where(valid, scores, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2((scores - m_use[:, None]) * exp_scale)  # subtract first: the maximum's term is exactly 1
+    alpha = gl.exp2((m_i - m_use) * exp_scale)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, alpha, l_i
+
+
+@gluon.jit
+def _fwd_tile_range(acc, m_i, l_i, p16, q, k_smem, v_smem, k_bars, v_bars, kv_empty, rows, T, exp_scale, lo, hi,
+                    MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                    p_layout: gl.constexpr):
+    """Key tiles [lo, hi) (lo >= 1) of the pipelined loop: tile j's Q K^T is issued, then tile j-1's PV (P_bar of
+    j-1 is in ``p16``), and tile j's softmax runs while the PV product is in flight. The rescale of the
+    accumulator waits for it, so each step is acc = acc * alpha_j-1 + P_j-1 V_j-1 in the plain loop's order."""
+    dtype: gl.constexpr = k_smem.dtype
+    HALF: gl.constexpr = q.shape[0]
+    for j in range(lo, hi):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                              is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        v_prev = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+        acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
+        scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T done; the PV product may still run
+        p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, j * BLOCK_N, T, exp_scale, MASKED, CAUSAL,
+                                          BLOCK_N, s_layout)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, m_i, l_i, p16
+
+
+@gluon.jit
+def _fwd_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O32, LSE, KEYS, stride_ob, stride_oh,
+                  stride_ot, b, h, bh, head_global, start_m, n_full, n_tiles, T, exp_scale,
+                  HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr):
+    """One 4-warp consumer: the online softmax of query rows start_m + 64 * HALF_INDEX + [0, 64) over key tiles
+    [0, n_tiles) (tiles >= n_full masked), then O (LP, or stochastically rounded), LSE and the FP32 O."""
+    HALF: gl.constexpr = q_smem.shape[3]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+
+    mbarrier.wait(q_bars.index(HALF_INDEX), 0)
+    q = q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM])
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+
+    # tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
+    mbarrier.wait(k_bars.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    scores = warpgroup_mma_wait(0, deps=(s_tok,))
+    p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)
+
+    split = gl.maximum(n_full, 1)
+    acc, m_i, l_i, p16 = _fwd_tile_range(acc, m_i, l_i, p16, q, k_smem, v_smem, k_bars, v_bars, kv_empty, rows, T,
+                                         exp_scale, 1, split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, s_layout,
+                                         o_layout, p_layout)
+    acc, m_i, l_i, p16 = _fwd_tile_range(acc, m_i, l_i, p16, q, k_smem, v_smem, k_bars, v_bars, kv_empty, rows, T,
+                                         exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES,
+                                         s_layout, o_layout, p_layout)
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+    v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+    acc = warpgroup_mma(p16, v_last, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(kv_empty.index(last), count=1)
+
+    # epilogue: O = acc / l (one rounding), LSE in natural log, the FP32 O
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    l_o = gl.convert_layout(l_i, row_o)
+    o = gl.div_rn(acc, gl.where(l_o == 0.0, 1.0, l_o)[:, None])  # l = 0 only for rows past T
+    rows_o = gl.convert_layout(rows, row_o)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row_ok = (rows_o < T)[:, None]
+    o_off = b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ot + offs_d[None, :]
+    if FIX == 4:  # stochastic_output: the same hash of (row key, global head, position, channel) as the Triton kernel
+        key = gl.load(KEYS + b).to(gl.uint32)
+        o_out = _sr_bf16(o, _row_hash(key, head_global, rows_o), offs_d)
+    else:
+        o_out = o
+    gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
+    if STORE_O32:
+        gl.store(O32 + o_off, o, mask=row_ok)
+    lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(LSE + bh * T + rows, lse, mask=rows < T)
+
+
+@gluon.jit
+def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, H, GROUP, T,
+                head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
+                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = 2 * HALF
+    dtype: gl.constexpr = q_desc.dtype
+    start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # heaviest causal tiles first
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    if CAUSAL:
+        n_full = start_m // BLOCK_N  # key tiles left of the diagonal: every entry valid for every row of the CTA
+        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M, T), BLOCK_N)
+    else:
+        n_full = T // BLOCK_N
+        n_tiles = gl.cdiv(T, BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a stage
+    fence_async_shared()
+
+    head_global = head_offset + h
+    # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
+    # into tensors)
+    gl.warp_specialize([
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O32, LSE, KEYS, stride_ob,
+                         stride_oh, stride_ot, b, h, bh, head_global, start_m, n_full, n_tiles, T, exp_scale, 0,
+                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O32, LSE, KEYS, stride_ob,
+                         stride_oh, stride_ot, b, h, bh, head_global, start_m, n_full, n_tiles, T, exp_scale, 1,
+                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32)),
+        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, b, h, hk,
+                         start_m, n_tiles, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------------------------
+
+BWD_BLOCK_M = 64  # query rows per step
+BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
+BWD_STAGES = 2  # Q / dO ring depth
+BWD_COMPUTE_REGS = 240
+BWD_PRODUCER_REGS = 24
+
+
+@gluon.jit
+def _bwd_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, qdo_ready, qdo_empty, b,
+                  hk, start_n, m_first, n_m, GROUP, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """1 warp: this CTA's K and V tiles once, then Q and dO of query tiles m_first.. (n_m of them) of each of the
+    GROUP query heads that share the k/v head, through the ring."""
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
+    _tma_load(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
+    for it in range(GROUP * n_m):
+        h = hk * GROUP + it // n_m
+        m0 = (m_first + it % n_m) * BLOCK_M
+        stage = it % STAGES
+        mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
+        ready = qdo_ready.index(stage)
+        mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, h, m0, 0], ready, q_smem.index(stage))
+        _tma_load(do_desc, [b, h, m0, 0], ready, do_smem.index(stage))
+
+
+@gluon.jit
+def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA, DQ32, SEM, DK, DV,
+                 stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
+                 m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                 DETERMINISTIC: gl.constexpr):
+    """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
+    LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
+    share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``)."""
+    dtype: gl.constexpr = k_smem.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))  # keys: the rows of S^T
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(GROUP * n_m):
+        h = hk * GROUP + it // n_m
+        bh = b * H + h
+        m_idx = m_first + it % n_m
+        rows = m_idx * BLOCK_M + offs_m
+        lse2 = gl.load(LSE + bh * T + rows, mask=rows < T, other=0.0) * 1.4426950408889634
+        delta = gl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+        stage = it % STAGES
+        mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
+        q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        st_tok = warpgroup_mma(k_tile, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_tile, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st_tok,))
+        pt = gl.exp2(st * exp_scale - lse2[None, :])  # one FMA per score, as the Triton kernel
+        masked = (start_n + BLOCK_N > T) | (m_idx * BLOCK_M + BLOCK_M > T)
+        if CAUSAL:
+            masked = masked | (m_idx * BLOCK_M < start_n + BLOCK_N - 1)
+        if masked:
+            valid = (rows[None, :] < T) & (cols[:, None] < T)
+            if CAUSAL:
+                valid = valid & (rows[None, :] >= cols[:, None])
+            pt = gl.where(valid, pt, 0.0)
+        dpt = warpgroup_mma_wait(0, deps=(dpt_tok,))
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do, dv, is_async=True)
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        ds_smem.store(dst)
+        fence_async_shared()
+        gl.thread_barrier()  # both warpgroups' halves of dS^T are in shared memory before dQ's product reads them
+        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+        dv, dk, dq_share = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
+        mbarrier.arrive(qdo_empty.index(stage), count=1)
+        _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM,
+                    CAUSAL, DETERMINISTIC, dq_layout)
+    # epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rounded once
+    cols_kv = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    ok = (cols_kv < T)[:, None]
+    gl.store(DK + b * stride_dkb + hk * stride_dkh + cols_kv[:, None] * stride_dkt + offs_d[None, :],
+             (dk * sm_scale).to(dtype), mask=ok)
+    gl.store(DV + b * stride_dvb + hk * stride_dvh + cols_kv[:, None] * stride_dvt + offs_d[None, :], dv.to(dtype),
+             mask=ok)
+
+
+@gluon.jit
+def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                dq_layout: gl.constexpr):
+    """Add this key tile's share of dQ (unscaled) into rows m_idx * BLOCK_M.. of the FP32 buffer (contiguous
+    (B, H, T, head_dim)). DETERMINISTIC: in a fixed order, the key tiles that touch the query tile from the last to
+    the first: a per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn, adds
+    with plain loads and stores, and counts itself (the CUTLASS semaphore pattern: a barrier, then a release by one
+    thread; an acquire, then a barrier). Otherwise FP32 atomics, in the order the tiles finish."""
+    rows = m_idx * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    ptrs = DQ32 + (bh * T + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+    ok = (rows < T)[:, None]
+    if DETERMINISTIC:
+        if CAUSAL:
+            last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
+        else:
+            last = n_blocks - 1
+        turn = last - n_blk
+        sem = SEM + bh * n_m_total + m_idx
+        seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+        while seen != turn:
+            seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+        gl.thread_barrier()
+        gl.store(ptrs, gl.load(ptrs, mask=ok, other=0.0) + dq_share, mask=ok)
+        gl.thread_barrier()
+        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+    else:
+        gl.atomic_add(ptrs, dq_share, mask=ok, sem="relaxed")
+
+
+@gluon.jit
+def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
+                stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
+                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
+    run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
+    it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
+    first (the heaviest causal ones) to the last."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    dtype: gl.constexpr = k_desc.dtype
+    n_blocks = gl.cdiv(T, BLOCK_N)
+    if DETERMINISTIC:
+        n_blk = n_blocks - 1 - gl.program_id(0)
+    else:
+        n_blk = gl.program_id(0)
+    start_n = n_blk * BLOCK_N
+    bhk = gl.program_id(1)
+    h_kv = H // GROUP
+    b = bhk // h_kv
+    hk = bhk % h_kv
+    n_m_total = gl.cdiv(T, BLOCK_M)
+    if CAUSAL:
+        m_first = start_n // BLOCK_M
+    else:
+        m_first = 0
+    n_m = n_m_total - m_first
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA, DQ32, SEM,
+                        DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
+                        start_n, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M,
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC)),
+        (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, qdo_ready,
+                         qdo_empty, b, hk, start_n, m_first, n_m, GROUP, BLOCK_M, STAGES)),
+    ], [1], [PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------------------
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+GLUON_FIXES = (FIX_NONE, FIX_FP32_OUTPUT, FIX_STOCHASTIC)
+GLUON_HEAD_DIMS = (64, 128)
+
+
+def _rows_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A 4-D (batch, heads, seq, head_dim) TMA descriptor of t whose block is ``rows`` rows of one head; rows past
+    the sequence are zero-filled on load."""
+    block = [1, 1, rows, t.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+_SM90: dict = {}  # CUDA device index -> whether it is a Hopper GPU (compute capability 9.x)
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nm: Numerics) -> str | None:
+    """Why this kernel cannot run the call (None if it can): the numerics it implements, a Hopper GPU, 16-bit
+    inputs, head_dim 64 or 128, and what TMA needs (16-byte aligned base addresses and strides)."""
+    if nm.paper:
+        return "rounding=paper has its own rounding points (the Triton kernel implements them)"
+    if nm.fix not in GLUON_FIXES:
+        return "the dynamic-maximum fixes shift the softmax maximum per tile (the Triton kernel implements them)"
+    if q.device.type != "cuda":
+        return "it needs a CUDA GPU"
+    device = q.device.index
+    if device not in _SM90:
+        _SM90[device] = torch.cuda.get_device_capability(device)[0] == 9
+    if not _SM90[device]:
+        return "it is written for Hopper (sm_90): warpgroup MMA and TMA"
+    if q.dtype not in _GL_DTYPES:
+        return f"it takes bf16 or fp16 inputs, not {q.dtype}"
+    if q.shape[-1] not in GLUON_HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} is not one of {GLUON_HEAD_DIMS}"
+    for t in (q, k, v):
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+            return "TMA needs 16-byte aligned base addresses and strides"
+    return None
+
+
+def _new(shape, dtype, device, fill: float | None = None) -> torch.Tensor:
+    if fill is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_keys=None, fill: float | None = None):
+    """(O like q, LSE (B, H, T) FP32, the FP32 O where the mode keeps it, else an empty tensor); every tensor
+    last-dim contiguous and ``unsupported`` None. Same contract as kernels.triton_flash's forward."""
+    from kernels.triton_flash import _forward_outputs, _keys_arg
+
+    bsz, heads, seq, dim = q.shape
+    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, fill)
+    keys = _keys_arg(nm, noise_keys, bsz, q.device)
+    half = FWD_BLOCK_M // 2
+    grid = (triton.cdiv(seq, FWD_BLOCK_M), bsz * heads)
+    _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
+                      out, o32, lse, keys, out.stride(0), out.stride(1), out.stride(2), heads, heads // k.shape[1],
+                      seq, int(head_offset), nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim,
+                      STAGES=FWD_STAGES[dim], CAUSAL=bool(causal), FIX=nm.fix, STORE_O32=nm.keeps_fp32_output,
+                      CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4,
+                      maxnreg=MAXNREG)
+    return out, lse, o32
+
+
+def backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
+             head_offset: int = 0, fill: float | None = None, deterministic: bool = True):
+    """(dq, dk, dv): delta (kernels.triton_flash's launch: plain or amplified), the fused launch, then dQ scaled
+    and rounded from its FP32 sums; every tensor last-dim contiguous, d_out in q's dtype."""
+    from kernels.triton_flash import _backward_outputs, _delta_launch, dq_finish_launch
+
+    bsz, heads, seq, dim = q.shape
+    kv_heads = k.shape[1]
+    delta_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
+    delta_launch()
+    dq, dk, dv = _backward_outputs(q, k, v, fill)
+    dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
+    n_m_total = triton.cdiv(seq, BWD_BLOCK_M)
+    sem = torch.zeros(bsz * heads * n_m_total if deterministic else 1, dtype=torch.int32, device=q.device)
+    grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
+    _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
+                      _rows_descriptor(q, BWD_BLOCK_M), _rows_descriptor(d_out, BWD_BLOCK_M), lse, delta, dq32, sem,
+                      dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+                      heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, CAUSAL=bool(causal),
+                      DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, PRODUCER_REGS=BWD_PRODUCER_REGS,
+                      num_warps=8, maxnreg=MAXNREG)
+    dq_finish_launch(dq32, dq, nm)()
+    return dq, dk, dv
