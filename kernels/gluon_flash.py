@@ -51,6 +51,8 @@ FWD_BLOCK_N = 128
 FWD_STAGES = {64: 3, 128: 2}  # K/V ring depth per head_dim: shared memory holds Q + 2 x stages x 128 x d bf16
 FWD_CONSUMER_REGS = 240  # registers per thread of a consumer warpgroup (setmaxnreg); the producer gets 24
 FWD_PRODUCER_REGS = 24
+FWD_PINGPONG = True  # the consumers issue their products in turns (FA3's scheduler barrier)
+FWD_PERSISTENT = 1  # programs per SM of the persistent forward (0: one program per tile)
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
@@ -60,22 +62,46 @@ MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 
 
 
 @gluon.jit
-def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, b, h, hk,
-                  start_m, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """1 warp: Q's two 64-row halves once, then the K and V tiles of [0, n_tiles) into the ring; a stage is
-    refilled once both consumers released it (``kv_empty``, count 2)."""
+def _fwd_tile(t, BH, H, GROUP, T, n_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The work of tile t of the persistent schedule: (b, h, k/v head, first query row, key tiles left of the
+    diagonal (unmasked), key tiles in all). Heads one after the other (the tiles running at once share few heads,
+    so their K and V stay in L2), inside a head the query blocks from the last (the heaviest causal one) down."""
+    bh = t // n_m
+    start_m = (n_m - 1 - t % n_m) * BLOCK_M
+    b = bh // H
+    h = bh % H
+    if CAUSAL:
+        n_full = start_m // BLOCK_N  # key tiles left of the diagonal: every entry valid for every row of the tile
+        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M, T), BLOCK_N)
+    else:
+        n_full = T // BLOCK_N
+        n_tiles = gl.cdiv(T, BLOCK_N)
+    return bh, b, h, h // GROUP, start_m, n_full, n_tiles
+
+
+@gluon.jit
+def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, BH, H,
+                  GROUP, T, n_m, n_work, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """1 warp: for each tile of this CTA, Q's two 64-row halves (once their consumer released the last ones), then
+    the tile's K and V tiles into the ring; a stage is refilled once both consumers released it (count 2)."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
-    for c in gl.static_range(2):
-        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_bars.index(c), q_smem.index(c))
-    for j in range(n_tiles):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(kv_empty.index(stage), phase ^ 1)  # a fresh barrier counts as released: the first pass goes
-        mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
-        mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
+    kv_it = 0  # K/V tiles loaded so far: its stage and phase in the ring
+    tile_it = 0
+    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, 2 * HALF, BLOCK_N, CAUSAL)
+        for c in gl.static_range(2):
+            mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)  # a fresh barrier counts as released
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(c), q_smem.index(c))
+        for j in range(n_tiles):
+            stage = kv_it % STAGES
+            mbarrier.wait(kv_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
+            mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
+            kv_it += 1
+        tile_it += 1
 
 
 @gluon.jit
@@ -98,42 +124,65 @@ def _fwd_softmax(scores, m_i, l_i, rows, col0, T, exp_scale, MASKED: gl.constexp
 
 
 @gluon.jit
-def _fwd_tile_range(acc, m_i, l_i, p16, q, k_smem, v_smem, k_bars, v_bars, kv_empty, rows, T, exp_scale, lo, hi,
-                    MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                    STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                    p_layout: gl.constexpr):
-    """Key tiles [lo, hi) (lo >= 1) of the pipelined loop: tile j's Q K^T is issued, then tile j-1's PV (P_bar of
-    j-1 is in ``p16``), and tile j's softmax runs while the PV product is in flight. The rescale of the
-    accumulator waits for it, so each step is acc = acc * alpha_j-1 + P_j-1 V_j-1 in the plain loop's order."""
-    dtype: gl.constexpr = k_smem.dtype
-    HALF: gl.constexpr = q.shape[0]
-    for j in range(lo, hi):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
-        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
-                              is_async=True)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        v_prev = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-        acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
-        scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T done; the PV product may still run
-        p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, j * BLOCK_N, T, exp_scale, MASKED, CAUSAL,
-                                          BLOCK_N, s_layout)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(kv_empty.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    return acc, m_i, l_i, p16
+def _turn_wait(turns, ti, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (FA3's warp-scheduler barrier): the two consumers issue their matrix products in turns, so that one
+    warpgroup's softmax runs while the other's products occupy the tensor cores. Consumer 0 goes first (a fresh
+    barrier counts as completed)."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(HALF_INDEX), (ti & 1) ^ (1 - HALF_INDEX))
 
 
 @gluon.jit
-def _fwd_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O32, LSE, KEYS, stride_ob, stride_oh,
-                  stride_ot, b, h, bh, head_global, start_m, n_full, n_tiles, T, exp_scale,
+def _turn_pass(turns, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turns.index(1 - HALF_INDEX), count=1)
+
+
+@gluon.jit
+def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, kv_empty, turns, rows, T,
+                    exp_scale, lo, hi, MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HALF_INDEX: gl.constexpr,
+                    PINGPONG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                    p_layout: gl.constexpr):
+    """Key tiles [lo, hi) (lo >= 1) of the pipelined loop, in FA3's order: tile j's Q K^T is issued, the
+    accumulator is rescaled by tile j-1's alpha and tile j-1's PV issued (``p16``: P_bar of j-1, its A operand),
+    and tile j's softmax runs while both products are in flight; P_bar of j goes into ``p16`` after the PV product
+    finished. Each step is acc = acc * alpha_j-1 + P_j-1 V_j-1, the plain loop's order. ``kv_it``: the ring
+    position of tile j (tile j-1 sits one before it)."""
+    dtype: gl.constexpr = k_smem.dtype
+    HALF: gl.constexpr = q.shape[0]
+    for j in range(lo, hi):
+        stage = kv_it % STAGES
+        prev = (kv_it - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
+        mbarrier.wait(v_bars.index(prev), ((kv_it - 1) // STAGES) & 1)
+        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        v_prev = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                              is_async=True)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
+        ti += 1
+        scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T done; the PV product may still run
+        p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, j * BLOCK_N, T, exp_scale, MASKED, CAUSAL,
+                                          BLOCK_N, s_layout)
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+        mbarrier.arrive(kv_empty.index(prev), count=1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        kv_it += 1
+    return acc, m_i, l_i, p16, alpha, kv_it, ti
+
+
+@gluon.jit
+def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, turns, O, O32, LSE, KEYS,
+                  stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale,
                   HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr):
-    """One 4-warp consumer: the online softmax of query rows start_m + 64 * HALF_INDEX + [0, 64) over key tiles
-    [0, n_tiles) (tiles >= n_full masked), then O (LP, or stochastically rounded), LSE and the FP32 O."""
+                  CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr, PINGPONG: gl.constexpr):
+    """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
+    + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
+    FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile."""
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -141,103 +190,116 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-
-    mbarrier.wait(q_bars.index(HALF_INDEX), 0)
-    q = q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM])
-    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
-
-    # tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
-    mbarrier.wait(k_bars.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-    scores = warpgroup_mma_wait(0, deps=(s_tok,))
-    p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
-    p16 = gl.convert_layout(p.to(dtype), p_layout)
-
-    split = gl.maximum(n_full, 1)
-    acc, m_i, l_i, p16 = _fwd_tile_range(acc, m_i, l_i, p16, q, k_smem, v_smem, k_bars, v_bars, kv_empty, rows, T,
-                                         exp_scale, 1, split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, s_layout,
-                                         o_layout, p_layout)
-    acc, m_i, l_i, p16 = _fwd_tile_range(acc, m_i, l_i, p16, q, k_smem, v_smem, k_bars, v_bars, kv_empty, rows, T,
-                                         exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES,
-                                         s_layout, o_layout, p_layout)
-    last = (n_tiles - 1) % STAGES
-    mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
-    v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-    acc = warpgroup_mma(p16, v_last, acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(kv_empty.index(last), count=1)
-
-    # epilogue: O = acc / l (one rounding), LSE in natural log, the FP32 O
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    l_o = gl.convert_layout(l_i, row_o)
-    o = gl.div_rn(acc, gl.where(l_o == 0.0, 1.0, l_o)[:, None])  # l = 0 only for rows past T
-    rows_o = gl.convert_layout(rows, row_o)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row_ok = (rows_o < T)[:, None]
-    o_off = b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ot + offs_d[None, :]
-    if FIX == 4:  # stochastic_output: the same hash of (row key, global head, position, channel) as the Triton kernel
-        key = gl.load(KEYS + b).to(gl.uint32)
-        o_out = _sr_bf16(o, _row_hash(key, head_global, rows_o), offs_d)
-    else:
-        o_out = o
-    gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
-    if STORE_O32:
-        gl.store(O32 + o_off, o, mask=row_ok)
-    lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(LSE + bh * T + rows, lse, mask=rows < T)
+    q = q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM])
+    kv_it = 0
+    ti = 0
+    tile_it = 0
+    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, 2 * HALF, BLOCK_N, CAUSAL)
+        rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
+
+        # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
+        stage = kv_it % STAGES
+        mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
+        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                              is_async=True)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
+        ti += 1
+        scores = warpgroup_mma_wait(0, deps=(s_tok,))
+        p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        kv_it += 1
+
+        split = gl.maximum(n_full, 1)
+        acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
+            acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, kv_empty, turns, rows, T,
+            exp_scale, 1,
+            split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout, p_layout)
+        acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
+            acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, kv_empty, turns, rows, T,
+            exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout,
+            p_layout)
+        last = (kv_it - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((kv_it - 1) // STAGES) & 1)
+        v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(p16, v_last, acc, is_async=True)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
+        ti += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+        mbarrier.arrive(q_empty.index(HALF_INDEX), count=1)
+        tile_it += 1
+
+        # epilogue: O = acc / l (one rounding), LSE in natural log, the FP32 O
+        l_o = gl.convert_layout(l_i, row_o)
+        o = gl.div_rn(acc, gl.where(l_o == 0.0, 1.0, l_o)[:, None])  # l = 0 only for rows past T
+        rows_o = gl.convert_layout(rows, row_o)
+        row_ok = (rows_o < T)[:, None]
+        o_off = b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ot + offs_d[None, :]
+        if FIX == 4:  # stochastic_output: the Triton kernel's hash of (row key, global head, position, channel)
+            key = gl.load(KEYS + b).to(gl.uint32)
+            o_out = _sr_bf16(o, _row_hash(key, head_offset + h, rows_o), offs_d)
+        else:
+            o_out = o
+        gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
+        if STORE_O32:
+            gl.store(O32 + o_off, o, mask=row_ok)
+        lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
+        gl.store(LSE + bh * T + rows, lse, mask=rows < T)
 
 
 @gluon.jit
-def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, H, GROUP, T,
+def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, H, GROUP, T, BH,
                 head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
+                CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr, PINGPONG: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Persistent: program i takes tiles i, i + programs, ... of the (query block, batch x head) schedule
+    (``_fwd_tile``); a grid of one program per tile is the plain launch."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_M: gl.constexpr = 2 * HALF
     dtype: gl.constexpr = q_desc.dtype
-    start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # heaviest causal tiles first
-    bh = gl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    if CAUSAL:
-        n_full = start_m // BLOCK_N  # key tiles left of the diagonal: every entry valid for every row of the CTA
-        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M, T), BLOCK_N)
-    else:
-        n_full = T // BLOCK_N
-        n_tiles = gl.cdiv(T, BLOCK_N)
-
+    n_m = gl.cdiv(T, BLOCK_M)
+    n_work = n_m * BH
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a stage
     fence_async_shared()
 
-    head_global = head_offset + h
     # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
     # into tensors)
     gl.warp_specialize([
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O32, LSE, KEYS, stride_ob,
-                         stride_oh, stride_ot, b, h, bh, head_global, start_m, n_full, n_tiles, T, exp_scale, 0,
-                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32)),
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, O, O32, LSE, KEYS, stride_ob,
-                         stride_oh, stride_ot, b, h, bh, head_global, start_m, n_full, n_tiles, T, exp_scale, 1,
-                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32)),
-        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, b, h, hk,
-                         start_m, n_tiles, BLOCK_N, STAGES)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, turns, O, O32, LSE, KEYS,
+                         stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale, 0,
+                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32, PINGPONG)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, turns, O, O32, LSE, KEYS,
+                         stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale, 1,
+                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32, PINGPONG)),
+        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty,
+                         BH, H, GROUP, T, n_m, n_work, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -245,10 +307,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
 # Backward
 # ----------------------------------------------------------------------------------------------------------------
 
-BWD_BLOCK_M = 64  # query rows per step
+BWD_BLOCK_M = {64: 64, 128: 64}  # query rows per step, per head_dim
+BWD_OVERLAP_DQ = {64: True, 128: False}  # add a tile's dQ share while the next tile's first products run
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
-BWD_COMPUTE_REGS = 240
 BWD_PRODUCER_REGS = 24
 
 
@@ -276,24 +338,32 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qd
                  stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
                  m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 DETERMINISTIC: gl.constexpr):
+                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
-    share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``)."""
+    share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added while
+    the next tile's S^T and dP^T products run (one more register tile held across the loop)."""
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    if BLOCK_M == 128:
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+    else:
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, HEAD_DIM // 2, 16])
     cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))  # keys: the rows of S^T
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dq_prev = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    bh_prev = 0
+    m_prev = 0
     mbarrier.wait(kv_bar, 0)
     for it in range(GROUP * n_m):
         h = hk * GROUP + it // n_m
@@ -309,6 +379,10 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qd
         zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         st_tok = warpgroup_mma(k_tile, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_tile, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        if OVERLAP_DQ:
+            if it > 0:
+                _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
+                            HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
         st = warpgroup_mma_wait(1, deps=(st_tok,))
         pt = gl.exp2(st * exp_scale - lse2[None, :])  # one FMA per score, as the Triton kernel
         masked = (start_n + BLOCK_N > T) | (m_idx * BLOCK_M + BLOCK_M > T)
@@ -330,8 +404,17 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qd
                                use_acc=False, is_async=True)
         dv, dk, dq_share = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
         mbarrier.arrive(qdo_empty.index(stage), count=1)
-        _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM,
-                    CAUSAL, DETERMINISTIC, dq_layout)
+        if OVERLAP_DQ:
+            dq_prev = dq_share
+            bh_prev = bh
+            m_prev = m_idx
+        else:
+            _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM,
+                        CAUSAL, DETERMINISTIC, dq_layout)
+    if OVERLAP_DQ:
+        if GROUP * n_m > 0:
+            _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
+                        HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
     # epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rounded once
     cols_kv = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -376,7 +459,8 @@ def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, B
 @gluon.jit
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
-                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, OVERLAP_DQ: gl.constexpr,
+                PRODUCER_REGS: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
@@ -421,7 +505,7 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
         (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA, DQ32, SEM,
                         DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
                         start_n, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC)),
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ)),
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, qdo_ready,
                          qdo_empty, b, hk, start_n, m_first, n_m, GROUP, BLOCK_M, STAGES)),
     ], [1], [PRODUCER_REGS])
@@ -471,6 +555,18 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nm: Numerics)
     return None
 
 
+_SM_COUNT: dict = {}
+
+
+def _programs(device, per_sm: int) -> int:
+    """Programs of a persistent launch: ``per_sm`` per streaming multiprocessor (0: unbounded, i.e. one per tile)."""
+    if per_sm <= 0:
+        return 1 << 30
+    if device.index not in _SM_COUNT:
+        _SM_COUNT[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return per_sm * _SM_COUNT[device.index]
+
+
 def _new(shape, dtype, device, fill: float | None = None) -> torch.Tensor:
     if fill is None:
         return torch.empty(shape, dtype=dtype, device=device)
@@ -486,13 +582,14 @@ def forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_key
     out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, fill)
     keys = _keys_arg(nm, noise_keys, bsz, q.device)
     half = FWD_BLOCK_M // 2
-    grid = (triton.cdiv(seq, FWD_BLOCK_M), bsz * heads)
+    work = triton.cdiv(seq, FWD_BLOCK_M) * bsz * heads
+    grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
     _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
                       out, o32, lse, keys, out.stride(0), out.stride(1), out.stride(2), heads, heads // k.shape[1],
-                      seq, int(head_offset), nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim,
+                      seq, bsz * heads, int(head_offset), nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim,
                       STAGES=FWD_STAGES[dim], CAUSAL=bool(causal), FIX=nm.fix, STORE_O32=nm.keeps_fp32_output,
-                      CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4,
-                      maxnreg=MAXNREG)
+                      PINGPONG=FWD_PINGPONG, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 
 
@@ -508,14 +605,16 @@ def backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None,
     delta_launch()
     dq, dk, dv = _backward_outputs(q, k, v, fill)
     dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
-    n_m_total = triton.cdiv(seq, BWD_BLOCK_M)
+    block_m = BWD_BLOCK_M[dim]
+    n_m_total = triton.cdiv(seq, block_m)
     sem = torch.zeros(bsz * heads * n_m_total if deterministic else 1, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
-                      _rows_descriptor(q, BWD_BLOCK_M), _rows_descriptor(d_out, BWD_BLOCK_M), lse, delta, dq32, sem,
+                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse, delta, dq32, sem,
                       dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                       heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, CAUSAL=bool(causal),
-                      DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, PRODUCER_REGS=BWD_PRODUCER_REGS,
+                      DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, OVERLAP_DQ=BWD_OVERLAP_DQ[dim],
+                      PRODUCER_REGS=BWD_PRODUCER_REGS,
                       num_warps=8, maxnreg=MAXNREG)
     dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv

@@ -107,51 +107,81 @@ def check(deterministic: bool) -> int:
     return 1 if bad else 0
 
 
-def time_shapes(shapes, rep) -> None:
+VARIANTS = {  # name -> kernels.gluon_flash settings it times (module constants; the default is the file's)
+    "gluon": {},
+    "gluon no-pingpong": {"FWD_PINGPONG": False},
+    "gluon not-persistent": {"FWD_PERSISTENT": 0},
+    "gluon no-dq-overlap": {"BWD_OVERLAP_DQ": {64: False, 128: False}},
+}
+
+
+class settings:
+    def __init__(self, values):
+        self.values, self.saved = values, {}
+
+    def __enter__(self):
+        for key, value in self.values.items():
+            self.saved[key] = getattr(gf, key)
+            setattr(gf, key, value)
+
+    def __exit__(self, *exc):
+        for key, value in self.saved.items():
+            setattr(gf, key, value)
+
+
+def time_shapes(shapes, rep, only=None) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def cudnn(q, k, v):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    impls = [("sdpa-cudnn", cudnn, None)]
+    impls = [("sdpa-cudnn", cudnn, {})]
     for fix in ("none", "fp32_output"):
         for det in (True, False):
             tag = "det" if det else "atomic"
-            impls.append((f"gluon {fix} {tag}", lambda q, k, v, fix=fix, det=det: gluon(q, k, v, True, fix, det),
-                          None))
             impls.append((f"triton {fix} {tag}",
                           lambda q, k, v, fix=fix, det=det: kernels.flash_attention(q, k, v, True, "fa2", fix,
-                                                                                    deterministic=det), None))
+                                                                                    deterministic=det), {}))
+            for variant, values in VARIANTS.items():
+                if variant != "gluon" and fix != "none":
+                    continue
+                impls.append((f"{variant} {fix} {tag}",
+                              lambda q, k, v, fix=fix, det=det: gluon(q, k, v, True, fix, det), values))
     print("| B,H,T,D | impl | fwd us | fwd+bwd us | fwd / cuDNN | fwd+bwd / cuDNN |", flush=True)
     print("|---|---|---|---|---|---|", flush=True)
     for shape in shapes:
         b, h, t, d = shape
-        q, k, v = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
-                   for _ in range(3))
-        d_out = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
         base = None
-        for name, fn, _ in impls:
+        for name, fn, values in impls:
+            if ("dq-overlap" in name and d != 64) or (only and name != "sdpa-cudnn"
+                                                       and not any(o in name for o in only)):
+                continue
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            q, k, v = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+                       for _ in range(3))  # fresh tensors: nothing of the last capture stays alive
+            d_out = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
             try:
-                def fwd():
-                    with torch.no_grad():
-                        fn(q, k, v)
+                with settings(values):
+                    def fwd():
+                        with torch.no_grad():
+                            fn(q, k, v)
 
-                def both():
-                    return torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
+                    def both():
+                        return torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
 
-                both()
-                fwd()
-                t_f = triton.testing.do_bench_cudagraph(fwd, rep=rep, return_mode="median") * 1e3
-                t_b = triton.testing.do_bench_cudagraph(both, rep=rep, return_mode="median") * 1e3
+                    both()
+                    fwd()
+                    t_f = triton.testing.do_bench_cudagraph(fwd, rep=rep, return_mode="median") * 1e3
+                    t_b = triton.testing.do_bench_cudagraph(both, rep=rep, return_mode="median") * 1e3
                 if base is None:
                     base = (t_f, t_b)
                 print(f"| {b},{h},{t},{d} | {name} | {t_f:.0f} | {t_b:.0f} | {base[0] / t_f:.2f} | "
                       f"{base[1] / t_b:.2f} |", flush=True)
             except Exception as exc:
                 print(f"| {b},{h},{t},{d} | {name} | ERR {type(exc).__name__}: {str(exc)[:200]} | | | |", flush=True)
-        del q, k, v, d_out
-        torch.cuda.empty_cache()
+            del q, k, v, d_out
 
 
 def main() -> int:
@@ -160,11 +190,12 @@ def main() -> int:
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--shapes", nargs="+", default=["8,12,1024,64", "4,16,2048,128", "4,16,4096,128"])
     p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--only", nargs="+", default=None, help="time only the impls whose names contain one of these")
     a = p.parse_args()
     print(f"torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
     if a.what == "check":
         return check(a.deterministic)
-    time_shapes([tuple(int(x) for x in s.split(",")) for s in a.shapes], a.rep)
+    time_shapes([tuple(int(x) for x in s.split(",")) for s in a.shapes], a.rep, a.only)
     return 0
 
 
