@@ -64,10 +64,11 @@ MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 
 @gluon.jit
 def _fwd_tile(t, BH, H, GROUP, T, n_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """The work of tile t of the persistent schedule: (b, h, k/v head, first query row, key tiles left of the
-    diagonal (unmasked), key tiles in all). Heads one after the other (the tiles running at once share few heads,
-    so their K and V stay in L2), inside a head the query blocks from the last (the heaviest causal one) down."""
-    bh = t // n_m
-    start_m = (n_m - 1 - t % n_m) * BLOCK_M
+    diagonal (unmasked), key tiles in all). The query blocks run from the last (the heaviest causal one) to the
+    first, each over every (batch, head): with programs taking every programs-th tile, each gets a mix of long and
+    short ones (ordering heads first, for L2 reuse of K and V, made the 1,024-token forward 1.5x slower, call 3)."""
+    bh = t % BH
+    start_m = (n_m - 1 - t // BH) * BLOCK_M
     b = bh // H
     h = bh % H
     if CAUSAL:
@@ -80,10 +81,12 @@ def _fwd_tile(t, BH, H, GROUP, T, n_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
 
 
 @gluon.jit
-def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, BH, H,
-                  GROUP, T, n_m, n_work, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+                  BH, H, GROUP, T, n_m, n_work, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr):
     """1 warp: for each tile of this CTA, Q's two 64-row halves (once their consumer released the last ones), then
-    the tile's K and V tiles into the ring; a stage is refilled once both consumers released it (count 2)."""
+    the tile's K and V tiles into the ring. K and V have their own release barriers (count 2: both consumers): a K
+    stage is free once its Q K^T products ran, a step before its V stage, so K loads run further ahead."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     kv_it = 0  # K/V tiles loaded so far: its stage and phase in the ring
     tile_it = 0
@@ -95,9 +98,10 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_emp
             _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(c), q_smem.index(c))
         for j in range(n_tiles):
             stage = kv_it % STAGES
-            mbarrier.wait(kv_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
+            mbarrier.wait(k_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
             mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
             _tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
+            mbarrier.wait(v_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
             mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
             _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
             kv_it += 1
@@ -139,7 +143,7 @@ def _turn_pass(turns, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, kv_empty, turns, rows, T,
+def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
                     exp_scale, lo, hi, MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HALF_INDEX: gl.constexpr,
                     PINGPONG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
@@ -166,17 +170,18 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
         _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
         scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T done; the PV product may still run
+        mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, j * BLOCK_N, T, exp_scale, MASKED, CAUSAL,
                                           BLOCK_N, s_layout)
         acc, p = warpgroup_mma_wait(0, deps=(acc, p))
-        mbarrier.arrive(kv_empty.index(prev), count=1)
+        mbarrier.arrive(v_empty.index(prev), count=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         kv_it += 1
     return acc, m_i, l_i, p16, alpha, kv_it, ti
 
 
 @gluon.jit
-def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, turns, O, O32, LSE, KEYS,
+def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, O, O32, LSE, KEYS,
                   stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale,
                   HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr, PINGPONG: gl.constexpr):
@@ -214,17 +219,18 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_e
         _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
         scores = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         kv_it += 1
 
         split = gl.maximum(n_full, 1)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
-            acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, kv_empty, turns, rows, T,
+            acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
             exp_scale, 1,
             split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout, p_layout)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
-            acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, kv_empty, turns, rows, T,
+            acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
             exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout,
             p_layout)
         last = (kv_it - 1) % STAGES
@@ -236,7 +242,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_e
         _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(kv_empty.index(last), count=1)
+        mbarrier.arrive(v_empty.index(last), count=1)
         mbarrier.arrive(q_empty.index(HALF_INDEX), count=1)
         tile_it += 1
 
@@ -278,7 +284,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
@@ -286,20 +293,21 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a stage
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a stage
+        mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
 
     # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
     # into tensors)
     gl.warp_specialize([
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, turns, O, O32, LSE, KEYS,
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, O, O32, LSE, KEYS,
                          stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale, 0,
                          BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32, PINGPONG)),
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty, turns, O, O32, LSE, KEYS,
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, O, O32, LSE, KEYS,
                          stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale, 1,
                          BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32, PINGPONG)),
-        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, kv_empty,
-                         BH, H, GROUP, T, n_m, n_work, BLOCK_N, STAGES, CAUSAL)),
+        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
+                         v_empty, BH, H, GROUP, T, n_m, n_work, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -309,16 +317,18 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
 
 BWD_BLOCK_M = {64: 64, 128: 64}  # query rows per step, per head_dim
 BWD_OVERLAP_DQ = {64: True, 128: False}  # add a tile's dQ share while the next tile's first products run
+BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4 bytes is a multiple of 16)
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
 BWD_PRODUCER_REGS = 24
 
 
 @gluon.jit
-def _bwd_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, qdo_ready, qdo_empty, b,
-                  hk, start_n, m_first, n_m, GROUP, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """1 warp: this CTA's K and V tiles once, then Q and dO of query tiles m_first.. (n_m of them) of each of the
-    GROUP query heads that share the k/v head, through the ring."""
+def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                  delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H,
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, ROWS_TMA: gl.constexpr):
+    """1 warp: this CTA's K and V tiles once, then Q and dO (and, ROWS_TMA, the LSE and delta rows) of query
+    tiles m_first.. (n_m of them) of each of the GROUP query heads that share the k/v head, through the ring."""
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
     _tma_load(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
@@ -328,17 +338,24 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_sm
         stage = it % STAGES
         mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
         ready = qdo_ready.index(stage)
-        mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        if ROWS_TMA:
+            mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            _tma_load(lse_desc, [b * H + h, m0], ready, lse_smem.index(stage))
+            _tma_load(delta_desc, [b * H + h, m0], ready, delta_smem.index(stage))
+        else:
+            mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         _tma_load(q_desc, [b, h, m0, 0], ready, q_smem.index(stage))
         _tma_load(do_desc, [b, h, m0, 0], ready, do_smem.index(stage))
 
 
 @gluon.jit
-def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA, DQ32, SEM, DK, DV,
+def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA,
+                 DQ32, SEM, DK, DV,
                  stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
                  m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr):
+                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr, ROWS_TMA: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
     share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added while
@@ -370,10 +387,15 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qd
         bh = b * H + h
         m_idx = m_first + it % n_m
         rows = m_idx * BLOCK_M + offs_m
-        lse2 = gl.load(LSE + bh * T + rows, mask=rows < T, other=0.0) * 1.4426950408889634
-        delta = gl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
         stage = it % STAGES
-        mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
+        if ROWS_TMA:  # the producer brought them with Q and dO (zeros past T)
+            mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
+            lse2 = lse_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout)) * 1.4426950408889634
+            delta = delta_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, st_layout))
+        else:
+            lse2 = gl.load(LSE + bh * T + rows, mask=rows < T, other=0.0) * 1.4426950408889634
+            delta = gl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+            mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
         q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
@@ -460,7 +482,7 @@ def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, B
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
                 DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, OVERLAP_DQ: gl.constexpr,
-                PRODUCER_REGS: gl.constexpr):
+                ROWS_TMA: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
@@ -492,6 +514,12 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    if ROWS_TMA:  # LSE and DELTA are 2-D (B * H, T) descriptors of blocks [1, BLOCK_M]
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + LSE.block_type.shape, LSE.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + DELTA.block_type.shape, DELTA.layout)
+    else:
+        lse_smem = ds_smem  # unused
+        delta_smem = ds_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -502,12 +530,13 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
     fence_async_shared()
 
     gl.warp_specialize([
-        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA, DQ32, SEM,
-                        DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
+        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty,
+                        LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
                         start_n, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ)),
-        (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, qdo_ready,
-                         qdo_empty, b, hk, start_n, m_first, n_m, GROUP, BLOCK_M, STAGES)),
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA)),
+        (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                         delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
+                         STAGES, ROWS_TMA)),
     ], [1], [PRODUCER_REGS])
 
 
@@ -528,6 +557,17 @@ def _rows_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 _SM90: dict = {}  # CUDA device index -> whether it is a Hopper GPU (compute capability 9.x)
+
+
+def _row_vectors_descriptor(x: torch.Tensor, rows: int):
+    """A TMA descriptor of a contiguous FP32 (B, H, T) tensor (LSE, delta) seen as (B * H, T), blocks of ``rows``
+    positions of one head, or None where TMA cannot address it (T * 4 bytes not a multiple of 16)."""
+    bsz, heads, seq = x.shape
+    if seq % 4 or not x.is_contiguous() or x.data_ptr() % 16:
+        return None
+    block = [1, rows]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return TensorDescriptor(x.view(bsz * heads, seq), [bsz * heads, seq], [seq, 1], block, layout)
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nm: Numerics) -> str | None:
@@ -609,11 +649,16 @@ def backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None,
     n_m_total = triton.cdiv(seq, block_m)
     sem = torch.zeros(bsz * heads * n_m_total if deterministic else 1, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
+    lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
+    rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
+    if not rows_tma:
+        lse_arg, delta_arg = lse, delta
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
-                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse, delta, dq32, sem,
+                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg, dq32, sem,
                       dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                       heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, CAUSAL=bool(causal),
                       DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, OVERLAP_DQ=BWD_OVERLAP_DQ[dim],
+                      ROWS_TMA=rows_tma,
                       PRODUCER_REGS=BWD_PRODUCER_REGS,
                       num_warps=8, maxnreg=MAXNREG)
     dq_finish_launch(dq32, dq, nm)()

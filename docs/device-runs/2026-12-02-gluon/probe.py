@@ -110,7 +110,8 @@ def check(deterministic: bool) -> int:
 VARIANTS = {  # name -> kernels.gluon_flash settings it times (module constants; the default is the file's)
     "gluon": {},
     "gluon no-pingpong": {"FWD_PINGPONG": False},
-    "gluon not-persistent": {"FWD_PERSISTENT": 0},
+    "gluon deeper-ring": {"FWD_STAGES": {64: 4, 128: 3}},
+    "gluon rows-by-pointer": {"BWD_ROWS_TMA": False},
     "gluon no-dq-overlap": {"BWD_OVERLAP_DQ": {64: False, 128: False}},
 }
 
