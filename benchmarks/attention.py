@@ -99,31 +99,34 @@ def measure(fn, q, k, v, d_out, rep_ms):
 def breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic: bool = True):
     """Time of each launch of fa2/none (forward; delta, dK/dV, dQ of the backward) and of the Python/autograd path,
     to tell kernel time from host overhead; ``deterministic`` False: the atomic dQ backward."""
+    import kernels
+    from kernels import ops
     from kernels import triton_flash as tf
-    from kernels.modes import check_args
+    from kernels.modes import AttentionSettings
 
-    nm = check_args(q, k, v, "fa2", "none", 2.0, 1e-3, (torch.bfloat16,))
+    settings = AttentionSettings(backend="triton", deterministic=deterministic)
+    fields = ops.settings_fields(settings)
+    nm = tf.prepare(q, k, v, settings)
     with torch.no_grad():
-        out, lse, _ = tf._forward(q, k, v, True, nm)
-    t_fwd = bench(lambda: tf._forward(q, k, v, True, nm), rep_ms)
-    t_bwd = bench(lambda: tf._backward(d_out, q, k, v, out, lse, True, nm, deterministic=deterministic), rep_ms)
-    t_op = bench(lambda: tf.flash_bwd(d_out, q, k, v, out, lse, True, "fa2", "none", 2.0, 1e-3,
-                                      deterministic=deterministic), rep_ms)
+        out, lse, _ = tf.forward(q, k, v, settings, nm)
+    t_fwd = bench(lambda: tf.forward(q, k, v, settings, nm), rep_ms)
+    t_bwd = bench(lambda: tf.backward(d_out, q, k, v, out, lse, None, settings, nm), rep_ms)
+    t_op = bench(lambda: ops.flash_bwd(d_out, q, k, v, out, lse, None, None, "triton", *fields), rep_ms)
 
     def op_step():  # fwd+bwd through the torch custom ops (the path torch.compile sees; eager used it before)
         q.grad = k.grad = v.grad = None
-        tf.flash_fwd(q, k, v, True, "fa2", "none", 2.0, 1e-3, deterministic=deterministic)[0].backward(d_out)
+        ops.flash_fwd(q, k, v, None, "triton", *fields)[0].backward(d_out)
 
     def eager_step():
         q.grad = k.grad = v.grad = None
-        tf.flash_attention(q, k, v, True, "fa2", "none", deterministic=deterministic).backward(d_out)
+        kernels.attention(q, k, v, settings).backward(d_out)
 
     t_op_step = bench(op_step, rep_ms)
     t_eager_step = bench(eager_step, rep_ms)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(20):
-        tf._backward(d_out, q, k, v, out, lse, True, nm, deterministic=deterministic)
+        tf.backward(d_out, q, k, v, out, lse, None, settings, nm)
     host = (time.perf_counter() - t0) / 20 * 1e3  # no sync inside: host time per call if it exceeds the GPU's
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -131,9 +134,8 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic: bool = True):
         eager_step()
     host_step = (time.perf_counter() - t0) / 20 * 1e3
     torch.cuda.synchronize()
-    fwd_launch = tf._forward_launch(q, k, v, True, nm)[0]
-    (_, dkdv_launch, dq_launch), _ = tf._backward_launches(d_out, q, k, v, out, lse, True, nm,
-                                                           deterministic=deterministic)
+    fwd_launch = tf._forward_launch(q, k, v, settings, nm)[0]
+    (_, dkdv_launch, dq_launch), _ = tf._backward_launches(d_out, q, k, v, out, lse, settings, nm)
     cfg = {name: str(launch.kernel.chosen.get(launch.tune_key, "not tuned"))
            for name, launch in (("fwd", fwd_launch), ("dkdv", dkdv_launch), ("dq", dq_launch))}
     name = "fa2/none" if deterministic else "fa2/none" + ATOMIC
@@ -174,8 +176,11 @@ def run(shapes, modes, rep_ms, log, atomic_dq: bool = False):
             mode = mode if deterministic else mode + ATOMIC
             t0 = time.time()
 
-            def fn(q, k, v, rounding=rounding, fix=fix, deterministic=deterministic):
-                return kernels.flash_attention(q, k, v, True, rounding, fix, deterministic=deterministic)
+            settings = kernels.AttentionSettings(rounding=rounding, fix=fix, backend="triton",
+                                                 deterministic=deterministic)
+
+            def fn(q, k, v, settings=settings):  # one settings record for every call, as the model holds it
+                return kernels.attention(q, k, v, settings)
 
             with torch.no_grad():
                 out = fn(q, k, v).float()

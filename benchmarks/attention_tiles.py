@@ -41,17 +41,18 @@ def prepare(shape, mode: str, autotune: bool = True):
     """The four launches of one fwd+bwd at shape (B, H, T, D), bf16 causal, in model layout; delta is filled.
     ``autotune`` False: the launches' own configuration is the fixed one (no timing on the first call)."""
     from kernels import triton_flash as tf
-    from kernels.modes import check_args
+    from kernels.modes import AttentionSettings
 
     rounding, fix = mode.split("/")
     b, h, t, d = shape
     q, k, v, d_out = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                       for _ in range(4))
-    nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, (torch.bfloat16,))
-    fwd, out, lse, o32 = tf._forward_launch(q, k, v, True, nm, autotune=autotune)
+    settings = AttentionSettings(rounding=rounding, fix=fix, backend="triton", autotune=autotune)
+    nm = tf.prepare(q, k, v, settings)
+    fwd, out, lse, o32 = tf._forward_launch(q, k, v, settings, nm)
     fwd()
     saved = o32 if nm.keeps_fp32_output else out
-    (delta, dkdv, dq), _ = tf._backward_launches(d_out, q, k, v, saved, lse, True, nm, autotune=autotune)
+    (delta, dkdv, dq), _ = tf._backward_launches(d_out, q, k, v, saved, lse, settings, nm)
     delta()
     return {"fwd": fwd, "delta": delta, "dkdv": dkdv, "dq": dq}, nm
 

@@ -5,7 +5,8 @@
 At a tiny shape the GPU finishes each kernel in a few microseconds, so a loop of calls runs as fast as Python can
 issue them: the time per call without synchronising is the host cost. Rows:
 
-- ``triton, cached launch``: ``kernels.flash_attention`` then ``backward``, as a model calls it (the default path);
+- ``triton, cached launch``: ``kernels.attention`` with one settings record, then ``backward``, as a model calls it
+  (the default path);
 - ``triton, Triton's launch``: the same after ``kernels.triton_flash.set_fast_launch(False)`` (every launch through
   ``JITFunction``);
 - ``triton forward only``: under ``torch.no_grad``;
@@ -66,7 +67,7 @@ def rows(shape, mode: str, calls: int):
 
     import kernels
     from kernels import triton_flash as tf
-    from kernels.modes import check_args
+    from kernels.modes import AttentionSettings
 
     rounding, fix = mode.split("/")
     q, k, v, d_out = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -75,17 +76,19 @@ def rows(shape, mode: str, calls: int):
     def clear():
         q.grad = k.grad = v.grad = None
 
+    settings = AttentionSettings(rounding=rounding, fix=fix, backend="triton")  # built once, as the model does
+
     def triton_step():
         clear()
-        kernels.flash_attention(q, k, v, True, rounding, fix).backward(d_out)
+        kernels.attention(q, k, v, settings).backward(d_out)
 
     def triton_forward():
         with torch.no_grad():
-            kernels.flash_attention(q, k, v, True, rounding, fix)
+            kernels.attention(q, k, v, settings)
 
-    nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, (torch.bfloat16,))
+    nm = tf.prepare(q, k, v, settings)
     with torch.no_grad():
-        out, lse, o32 = tf._forward(q, k, v, True, nm)
+        out, lse, o32 = tf.forward(q, k, v, settings, nm)
     saved = o32 if nm.keeps_fp32_output else out
 
     def sdpa_step(backend):
@@ -113,8 +116,8 @@ def rows(shape, mode: str, calls: int):
     finally:
         tf.set_fast_launch(previous)
     add("triton forward only (no_grad)", triton_forward)
-    add("triton forward launch, no autograd", lambda: tf._forward(q, k, v, True, nm))
-    add("triton backward launches, no autograd", lambda: tf._backward(d_out, q, k, v, saved, lse, True, nm))
+    add("triton forward launch, no autograd", lambda: tf.forward(q, k, v, settings, nm))
+    add("triton backward launches, no autograd", lambda: tf.backward(d_out, q, k, v, saved, lse, None, settings, nm))
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             sdpa_step(backend)()
@@ -132,7 +135,7 @@ def rows(shape, mode: str, calls: int):
             triton_step()
     torch.cuda.current_stream().wait_stream(stream)
     with torch.cuda.graph(graph):
-        kernels.flash_attention(q, k, v, True, rounding, fix).backward(d_out)
+        kernels.attention(q, k, v, settings).backward(d_out)
     add("triton fwd+bwd, CUDA graph replay", graph.replay)
     return out_rows
 

@@ -1,10 +1,12 @@
 """Flash attention with explicit, selectable rounding (Qiu & Yao, arXiv 2510.04212): Triton kernel and reference.
 
-``flash_attention`` runs the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1, for tests);
-``reference_attention`` is the PyTorch implementation of the same tiling and rounding points (CPU training path and
-ground truth); ``saved_output`` returns the O that the backward uses for delta = rowsum(dO * O). Modes: ``rounding``
-in ROUNDINGS x ``fix`` in FIXES; the delta-error stress ``delta_gain`` / ``delta_sign`` (DELTA_SIGNS) and the noise
-keys (``kernels.rounding.row_keys`` / ``layer_keys``); see docs/attention-kernel.md.
+One settings record, ``AttentionSettings`` (kernels/modes.py), says what a call computes: rounding in ROUNDINGS x fix
+in FIXES, the delta-error stress ``delta_gain`` / ``delta_sign`` (DELTA_SIGNS), the global head index, the backend
+(BACKENDS) and the compiled kernels' launch options. ``attention(q, k, v, settings, noise_keys)`` is the one place
+that picks the implementation for the settings and the device (``implementation``); ``saved_output`` returns the O
+that the backward uses for delta = rowsum(dO * O). ``flash_attention`` and ``reference_attention`` take the
+settings' fields instead of the record (the Triton kernel and the PyTorch reference by name). Noise keys:
+``kernels.rounding.row_keys`` / ``layer_keys``. See docs/attention-kernel.md.
 
 The Triton module is imported on first use, so that importing ``kernels`` needs no GPU and so that a test can set
 TRITON_INTERPRET=1 before the kernels are defined.
@@ -12,85 +14,79 @@ TRITON_INTERPRET=1 before the kernels are defined.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
 import torch
 
-from kernels.modes import DELTA_SIGNS, FIXES, PAPER_BLOCK_KEYS, ROUNDINGS
-from kernels.reference import reference_attention, reference_saved_output
+from kernels import ops, reference
+from kernels.modes import BACKENDS, DELTA_SIGNS, FIXES, PAPER_BLOCK_KEYS, ROUNDINGS, AttentionSettings
+from kernels.reference import reference_attention
 from kernels.rounding import layer_keys, mix32, row_keys
 
-__all__ = ["ROUNDINGS", "FIXES", "DELTA_SIGNS", "flash_attention", "reference_attention", "saved_output", "mix32",
-           "row_keys", "layer_keys"]
+__all__ = ["ROUNDINGS", "FIXES", "DELTA_SIGNS", "BACKENDS", "PAPER_BLOCK_KEYS", "AttentionSettings", "attention",
+           "implementation", "flash_attention", "reference_attention", "saved_output", "mix32", "row_keys",
+           "layer_keys"]
 
-BACKENDS = ("reference", "triton")
+# The compiled implementations by backend name (module interface: kernels/ops.py); "reference" is kernels.reference.
+_COMPILED = {"triton": "kernels.triton_flash"}
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
-                    paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
-                    total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
-                    noise_keys: torch.Tensor | None = None, autotune: bool = True,
-                    out_fill: float | None = None, deterministic: bool = True) -> torch.Tensor:
-    """Triton flash attention with selectable rounding; differentiable, a torch custom op (torch.compile-safe).
+def implementation(settings: AttentionSettings, device: torch.device) -> str:
+    """The implementation that computes a call with ``settings`` on ``device``: the backend by name, or for
+    backend=auto the Triton kernel on CUDA and the PyTorch reference of the same numerics elsewhere."""
+    if settings.backend != "auto":
+        return settings.backend
+    return "triton" if device.type == "cuda" else "reference"
 
-    q, k, v: (batch, heads, seq, head_dim) bf16 or fp16 on CUDA, head_dim 16/32/64/128, k/v may have fewer heads
-    (grouped-query attention). Returns O in the input dtype. ``rounding``: fa2 | paper; ``fix``: none |
-    dynamic_max (safe, default fix) | dynamic_max_published (the paper's rule; where it underflows, the authors'
-    row-sum clamp zeroes the row) | fp32_output (delta from an FP32 O) | stochastic_output (O stochastically
-    rounded to bf16 from the FP32 O in the forward epilogue; bf16 only). ``beta`` and ``eps`` parametrise the
-    published rule. ``paper_block_keys``: keys per rounding tile of rounding=paper (512 as in the authors' code, 0:
-    the whole row as in the paper's analysis; a power of two >= 64 otherwise); ignored by rounding=fa2.
 
-    ``head_offset``, ``total_heads`` (tensor parallelism): q's head h is the model's head ``head_offset + h`` of
-    ``total_heads`` (0 means q.shape[1], no sharding). Head-dependent numerics (the safe fix's per-row shift, the
-    noise hash) use this global index, so the result does not depend on how the heads are split over ranks.
+def compiled_module(name: str):
+    """The module of a compiled implementation (imported on first use; see kernels/ops.py for its interface)."""
+    return importlib.import_module(_COMPILED[name])
 
-    ``delta_gain``, ``delta_sign`` (stress test of the delta error): the backward uses
-    delta = delta_fp32 + delta_gain * s * (delta_mode - delta_fp32), delta_mode = rowsum(dO * O_mode) (the O the mode
-    saves), delta_fp32 = rowsum(dO * O_fp32) (the FP32 O of fp32_output); s = +1 (``"kept"``) or +-1 per (row key,
-    global head, query position) (``"random"``). delta_gain=1 with "kept" is exactly the mode's own code path.
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
+              noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention O of (batch, heads, seq, head_dim) q, k, v with ``settings``, differentiable, by the implementation
+    that ``implementation(settings, q.device)`` names. k/v may have fewer heads (grouped-query attention).
     ``noise_keys``: int64 (batch,), one key per batch row (``kernels.rounding.layer_keys``; None: 0 for every row),
-    used by stochastic_output and random signs only.
+    used by fix=stochastic_output and random delta signs only.
 
-    ``autotune``: True times the tile configurations on the first call of each shape and mode and keeps the fastest;
-    False uses the fixed 64 x 64 tiles (as under the interpreter). The key tile sets the order of the FP32 sums, so
-    only with fixed tiles are the last bits independent of which configuration won the timing (another GPU, process
-    or rank), and does rounding=fa2 match ``reference_attention`` with ``block_n=64``.
-    ``out_fill``: what the output and gradient buffers start filled with (None: uninitialised, the fast default).
-    Tests pass NaN, so that an element no launch writes shows up. Neither changes a bit of a result.
-    ``deterministic``: True computes dQ in its own launch, each query tile summing its key tiles in a fixed order
-    (bit-reproducible from run to run); False adds each key tile's share of dQ into an FP32 buffer with atomics
-    inside the dK/dV launch (two matrix products fewer per tile pair, as FA2 and cuDNN do it; the sums then come
-    in the order the tiles finish, so dQ's last bits can change from run to run; dK and dV do not). Speed of
-    both: docs/attention-kernel.md, "Speed".
+    Triton (CUDA; CPU only under TRITON_INTERPRET=1, for tests): bf16 or fp16, O in the input dtype; under
+    torch.compile the custom op ``sla_attention::flash_fwd`` (kernels/ops.py). Reference: also FP32 inputs, rounded
+    to bf16 first (what BF16 autocast feeds attention), O in FP32 with bf16 values: the CPU training path.
     """
-    from kernels import triton_flash
-
-    return triton_flash.flash_attention(q, k, v, causal, rounding, fix, beta, eps, paper_block_keys=paper_block_keys,
-                                        head_offset=head_offset, total_heads=total_heads, delta_gain=delta_gain,
-                                        delta_sign=delta_sign, noise_keys=noise_keys, autotune=autotune,
-                                        out_fill=out_fill, deterministic=deterministic)
+    name = implementation(settings, q.device)
+    if name == "reference":
+        return reference.attention(q, k, v, settings, noise_keys)
+    return ops.attention(name, q, k, v, settings, noise_keys)
 
 
-def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, rounding: str = "fa2",
-                 fix: str = "none", beta: float = 2.0, eps: float = 1e-3, backend: str = "reference",
-                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0,
-                 delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: torch.Tensor | None = None,
-                 autotune: bool = True, out_fill: float | None = None) -> torch.Tensor:
-    """The O tensor whose rowsum(dO * O) is the backward's delta in this mode (forward only, no graph).
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *fields,
+                    noise_keys: torch.Tensor | None = None, **named) -> torch.Tensor:
+    """The Triton kernel with ``AttentionSettings(*fields, **named)`` (positionally: causal, rounding, fix, beta,
+    eps, ...), e.g. ``flash_attention(q, k, v, True, "paper", "dynamic_max", autotune=False)``; see ``attention``
+    and ``AttentionSettings`` for the fields."""
+    return attention(q, k, v, AttentionSettings(*fields, backend="triton", **named), noise_keys)
 
-    LP O (input dtype; bf16 for FP32 inputs on the reference backend), the stochastically rounded O for
+
+def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings | None = None, *,
+                 noise_keys: torch.Tensor | None = None, **named) -> torch.Tensor:
+    """The O tensor whose rowsum(dO * O) is the backward's delta for ``settings`` (forward only, no graph), computed
+    by the implementation ``attention`` would use. ``named`` fields replace the settings' (or make them, without
+    ``settings``), e.g. ``saved_output(q, k, v, fix="fp32_output")``.
+
+    LP O (input dtype; bf16 for FP32 inputs on the reference), the stochastically rounded O for
     fix=stochastic_output, or the FP32 O for fix=fp32_output. On the amplified delta path (delta_gain != 1 or
     delta_sign="random") the FP32 O_fp32 + delta_gain * s * (O_mode - O_fp32): delta is linear in O, so its delta is
-    the backward's up to the FP32 rounding of the sums. Other arguments as in ``flash_attention``; ``autotune`` and
-    ``out_fill`` apply to the triton backend (the reference's forward allocates no buffer it fills piecewise).
+    the backward's up to the FP32 rounding of the sums. The monitors pass the run's settings, so the O is computed
+    with the tiles the run uses (``autotune``).
     """
-    kw = dict(paper_block_keys=paper_block_keys, head_offset=head_offset, total_heads=total_heads,
-              delta_gain=delta_gain, delta_sign=delta_sign, noise_keys=noise_keys)
-    if backend == "reference":
-        return reference_saved_output(q, k, v, causal, rounding, fix, beta, eps, **kw)
-    if backend == "triton":
-        from kernels import triton_flash
-
-        return triton_flash.saved_output(q, k, v, causal, rounding, fix, beta, eps, autotune=autotune,
-                                         out_fill=out_fill, **kw)
-    raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    if settings is None:
+        settings = AttentionSettings(**named)
+    elif named:
+        settings = dataclasses.replace(settings, **named)
+    name = implementation(settings, q.device)
+    if name == "reference":
+        return reference.saved_output(q, k, v, settings, noise_keys)
+    return ops.saved_output(name, q, k, v, settings, noise_keys)

@@ -125,6 +125,97 @@ def paper_block_keys_problem(paper_block_keys) -> str | None:
     return None
 
 
+# What computes a call (kernels.implementation): auto (the Triton kernel on CUDA, the reference elsewhere), or one
+# by name. The sdpa backend of the model's config is torch's own attention, not one of these.
+BACKENDS = ("auto", "triton", "reference")
+
+
+def _is_number(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float))
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """Everything that decides what an attention call computes and how it is launched, apart from the tensors and
+    the noise keys: built once (``model.attention.attention_settings`` from the run's config) and handed as one
+    object from the model through ``kernels.attention`` to the implementation, and to the monitors and probes that
+    recompute the run's attention. Checked when made; errors say what to change. The fields' order is the
+    positional order of ``kernels.flash_attention`` / ``reference_attention`` (q, k, v, causal, rounding, fix, ...).
+    """
+
+    causal: bool = True
+    rounding: str = "fa2"  # ROUNDINGS
+    fix: str = "none"  # FIXES
+    beta: float = 2.0  # shift factor of dynamic_max_published (> 1)
+    eps: float = 1e-3  # tie tolerance of the fixes (>= 0)
+    paper_block_keys: int = PAPER_BLOCK_KEYS  # keys per rounding tile of rounding=paper (0: the whole row)
+    delta_gain: float = 1.0  # delta = delta_fp32 + gain * s * (delta_mode - delta_fp32)
+    delta_sign: str = "kept"  # DELTA_SIGNS: s = +1, or +-1 per row from the noise hash
+    head_offset: int = 0  # q's head h is the model's head head_offset + h of total_heads (tensor parallelism)
+    total_heads: int = 0  # 0: q.shape[1], not sharded
+    backend: str = "auto"  # BACKENDS: which implementation computes the call (kernels.implementation)
+    autotune: bool = True  # compiled kernels: time the tile configurations (False: the fixed 64 x 64 tiles)
+    deterministic: bool = True  # compiled kernels: dQ in its own launch (False: FP32 atomics in the dK/dV launch)
+    out_fill: float | None = None  # what output buffers start filled with (None: uninitialised; tests pass NaN)
+
+    def __post_init__(self):
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal={self.causal!r} must be True or False")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding={self.rounding!r} is not one of {ROUNDINGS}")
+        if self.fix not in FIXES:
+            raise ValueError(f"fix={self.fix!r} is not one of {FIXES}")
+        for name in ("beta", "eps", "delta_gain"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r} must be a finite number"
+                                 + (" (1.0: the mode's own delta)" if name == "delta_gain" else ""))
+            object.__setattr__(self, name, float(value))  # one type per value: equal settings hash alike
+        if not self.beta > 1.0:
+            raise ValueError(f"beta={self.beta} must be > 1 (the published rule shifts a repeated maximum to beta x "
+                             "max)")
+        if not self.eps >= 0.0:
+            raise ValueError(f"eps={self.eps} must be >= 0")
+        problem = paper_block_keys_problem(self.paper_block_keys)
+        if problem:
+            raise ValueError(problem)
+        if self.delta_sign not in DELTA_SIGNS:
+            raise ValueError(f"delta_sign={self.delta_sign!r} is not one of {DELTA_SIGNS}")
+        check_heads(0, self.head_offset, self.total_heads)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not one of {BACKENDS}")
+        if not isinstance(self.autotune, bool):
+            raise TypeError(f"autotune={self.autotune!r} must be True (tuned tiles) or False (the fixed tiles)")
+        if not isinstance(self.deterministic, bool):
+            raise TypeError(f"deterministic={self.deterministic!r} must be True (dQ in its own launch, "
+                            "bit-reproducible) or False (dQ accumulated with atomics)")
+        if self.out_fill is not None:
+            if not _is_number(self.out_fill):
+                raise TypeError(f"out_fill={self.out_fill!r} must be None (uninitialised outputs) or a number such "
+                                "as nan")
+            object.__setattr__(self, "out_fill", float(self.out_fill))
+
+    @property
+    def amplified(self) -> bool:
+        """The delta-error stress path (``Numerics.amplified``)."""
+        return self.delta_gain != 1.0 or self.delta_sign == "random"
+
+    @property
+    def keeps_fp32_output(self) -> bool:
+        """The forward stores the FP32 normalised O (``Numerics.keeps_fp32_output``)."""
+        return self.fix == "fp32_output" or self.amplified
+
+    @property
+    def needs_noise_keys(self) -> bool:
+        """Whether the call draws random bits (fix=stochastic_output, random delta signs)."""
+        return self.fix == "stochastic_output" or self.delta_sign == "random"
+
+    def numerics(self, head_dim: int, dtype: torch.dtype) -> Numerics:
+        """The FP32 scalars of these settings for one head size and input dtype (shared by kernel and reference)."""
+        return _numerics(self.rounding, self.fix, self.beta, self.eps, head_dim, dtype, self.paper_block_keys,
+                         self.delta_gain, self.delta_sign)
+
+
 @functools.lru_cache(maxsize=256)
 def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype,
               paper_block_keys: int, delta_gain: float = 1.0, delta_sign: str = "kept") -> Numerics:
@@ -147,14 +238,6 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
         delta_random=delta_sign == "random",
         score_rounds_once=paper and dtype == torch.bfloat16 and math.frexp(sm_scale)[0] == 0.5,
     )
-
-
-def check_delta_args(delta_gain, delta_sign) -> None:
-    """Validate the delta-error stress arguments (``delta_gain``, ``delta_sign``)."""
-    if isinstance(delta_gain, bool) or not isinstance(delta_gain, (int, float)) or not math.isfinite(delta_gain):
-        raise ValueError(f"delta_gain={delta_gain!r} must be a finite number (1.0: the mode's own delta)")
-    if delta_sign not in DELTA_SIGNS:
-        raise ValueError(f"delta_sign={delta_sign!r} is not one of {DELTA_SIGNS}")
 
 
 def check_noise_keys(noise_keys, batch: int, device: torch.device) -> None:
@@ -196,17 +279,11 @@ def check_heads(heads: int, head_offset: int = 0, total_heads: int = 0) -> int:
     return total_heads
 
 
-def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str, fix: str, beta: float, eps: float,
-               allowed_dtypes: tuple[torch.dtype, ...], head_offset: int = 0, total_heads: int = 0,
-               paper_block_keys: int = PAPER_BLOCK_KEYS, delta_gain: float = 1.0, delta_sign: str = "kept",
-               noise_keys: torch.Tensor | None = None) -> Numerics:
-    """Validate shapes, dtypes, mode names, the paper tile size, the global head numbering (``check_heads``), the
-    delta-error stress arguments and the noise keys; return the FP32 scalars of the mode. Errors say what to
-    change."""
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
-    if fix not in FIXES:
-        raise ValueError(f"fix={fix!r} is not one of {FIXES}")
+def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
+               allowed_dtypes: tuple[torch.dtype, ...], noise_keys: torch.Tensor | None = None) -> Numerics:
+    """Validate one call's tensors against its settings (shapes, dtypes, the global head numbering through
+    ``check_heads``, the noise keys; the settings themselves were checked when they were made); return the FP32
+    scalars of the mode. Errors say what to change."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be (batch, heads, seq, head_dim); got shape {tuple(t.shape)}")
@@ -224,18 +301,9 @@ def check_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rounding: str,
         raise ValueError(f"q has {h} heads, k/v {hk}: grouped-query attention needs q heads divisible by k/v heads")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim={d} is not supported; use 16, 32, 64 or 128")
-    if not (beta > 1.0):
-        raise ValueError(f"beta={beta} must be > 1 (the published rule shifts a repeated maximum to beta x max)")
-    if not (eps >= 0.0):
-        raise ValueError(f"eps={eps} must be >= 0")
-    problem = paper_block_keys_problem(paper_block_keys)
-    if problem:
-        raise ValueError(problem)
-    check_heads(h, head_offset, total_heads)
-    if fix == "stochastic_output" and q.dtype == torch.float16:
+    check_heads(h, settings.head_offset, settings.total_heads)
+    if settings.fix == "stochastic_output" and q.dtype == torch.float16:
         raise ValueError("fix='stochastic_output' rounds O to bf16 (16 random bits below the bf16 mantissa): use bf16 "
                          "inputs, or another fix for fp16")
-    check_delta_args(delta_gain, delta_sign)
     check_noise_keys(noise_keys, b, q.device)
-    return _numerics(rounding, fix, float(beta), float(eps), d, q.dtype, paper_block_keys, float(delta_gain),
-                     delta_sign)
+    return settings.numerics(d, q.dtype)

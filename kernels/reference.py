@@ -33,7 +33,8 @@ import math
 
 import torch
 
-from kernels.modes import FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, PAPER_BLOCK_KEYS, ROW_SUM_FLOOR, Numerics, check_args, check_heads
+from kernels.modes import (FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, KEY_TILE, ROW_SUM_FLOOR, AttentionSettings,
+                           Numerics, check_args, check_heads)
 from kernels.rounding import LN2, LOG2E, delta_signs, round_lp, safe_shift, stochastic_bf16
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -224,11 +225,9 @@ def delta_of(dof: torch.Tensor, o_mode: torch.Tensor, nm: Numerics, o32: torch.T
     return delta32 + gain * (delta - delta32)
 
 
-def _prepare(q, k, v, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS,
-             delta_gain=1.0, delta_sign="kept", noise_keys=None):
+def _prepare(q, k, v, settings: AttentionSettings, noise_keys=None):
     """Check arguments; FP32 inputs are rounded to bf16 (emulating BF16 autocast). Returns (q, k, v, Numerics)."""
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _REFERENCE_DTYPES, head_offset, total_heads, paper_block_keys,
-                    delta_gain, delta_sign, noise_keys)
+    nm = check_args(q, k, v, settings, _REFERENCE_DTYPES, noise_keys)
     if q.dtype == torch.float32:
         q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     return q, k, v, nm
@@ -249,63 +248,62 @@ class _ReferenceAttention(torch.autograd.Function):
     """Autograd wrapper: the forward saves LSE and the O that delta uses; the backward is the flash backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads, paper_block_keys,
-                delta_gain, delta_sign, noise_keys, out_fill):
+    def forward(ctx, q, k, v, settings: AttentionSettings, noise_keys, block_n: int):
         in_dtype = q.dtype
         heads = q.shape[1]
-        ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
-                                  delta_gain, delta_sign, noise_keys)
+        ql, kl, vl, nm = _prepare(q, k, v, settings, noise_keys)
         with _no_autocast(q):
-            out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
-                                         head_offset=head_offset, total_heads=total_heads, noise_keys=noise_keys)
+            out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), settings.causal, nm,
+                                         block_n, head_offset=settings.head_offset, total_heads=settings.total_heads,
+                                         noise_keys=noise_keys)
         if nm.amplified:  # delta_mode from the mode's O (the FP32 O for fp32_output), delta_fp32 from o32
             o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
             ctx.save_for_backward(ql, kl, vl, o_mode, lse, o32, noise_keys)
         else:
             ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse, None, None)
-        ctx.args = (causal, nm, block_n, in_dtype, head_offset, out_fill)
+        ctx.args = (settings, nm, block_n, in_dtype)
         return out.to(in_dtype)
 
     @staticmethod
     def backward(ctx, d_out):
         ql, kl, vl, o_saved, lse, o32, noise_keys = ctx.saved_tensors
-        causal, nm, block_n, in_dtype, head_offset, out_fill = ctx.args
+        settings, nm, block_n, in_dtype = ctx.args
         heads, kv_heads = ql.shape[1], kl.shape[1]
         with _no_autocast(ql):
             dq, dk, dv = backward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), o_saved, lse,
-                                       d_out.contiguous(), causal, nm, block_n, o32=o32, noise_keys=noise_keys,
-                                       head_offset=head_offset, out_fill=out_fill)
+                                       d_out.contiguous(), settings.causal, nm, block_n, o32=o32,
+                                       noise_keys=noise_keys, head_offset=settings.head_offset,
+                                       out_fill=settings.out_fill)
         if kv_heads != heads:
             bsz, _, seq, dim = dk.shape
             dk = dk.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
             dv = dv.view(bsz, kv_heads, heads // kv_heads, seq, dim).sum(2)
-        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), *([None] * 13)
+        return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype), None, None, None
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                        rounding: str = "fa2", fix: str = "none", beta: float = 2.0, eps: float = 1e-3,
-                        block_m: int = 64, block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS,
-                        head_offset: int = 0, total_heads: int = 0, delta_gain: float = 1.0,
-                        delta_sign: str = "kept", noise_keys: torch.Tensor | None = None,
-                        out_fill: float | None = None) -> torch.Tensor:
-    """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable.
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
+              noise_keys: torch.Tensor | None = None, block_n: int = KEY_TILE) -> torch.Tensor:
+    """Flash attention in PyTorch with the kernel's tiling and rounding points, differentiable (the reference
+    implementation behind ``kernels.attention``; ``reference_attention`` takes the settings' fields instead).
 
     q, k, v: (batch, heads, seq, head_dim) in bf16, fp16 or fp32; k/v may have fewer heads (grouped-query).
     FP32 inputs are first rounded to bf16 (what BF16 autocast feeds attention) and O comes back in FP32 (its values
-    are bf16-representable); this is the path the model trains with on CPU. ``block_n`` must equal the kernel's key
-    tile for bit-level comparisons in rounding=fa2; ``block_m`` is accepted for symmetry with the kernel and changes
-    no bit. ``paper_block_keys``: keys per rounding tile of rounding=paper (512 as in the authors' code; 0: the whole
-    row), the same in kernel and reference; ignored by rounding=fa2.
-    ``head_offset``, ``total_heads``: q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]),
-    for tensor parallelism; the safe fix hashes the global index, so a head slice matches the whole call bit for bit.
-    ``delta_gain``, ``delta_sign``, ``noise_keys``: the delta-error stress and the noise keys of
-    fix=stochastic_output and random signs (see ``kernels.flash_attention``).
-    ``out_fill``: what the backward's tile-filled gradient buffers start filled with (None: uninitialised; tests
-    pass NaN, see ``backward_core``).
+    are bf16-representable); this is the path the model trains with on CPU. ``block_n`` (the key tile) must equal
+    the kernel's for bit-level comparisons in rounding=fa2 (KEY_TILE, the kernel's fixed tile); rounding=paper
+    rounds per paper tile whatever it is. ``settings.autotune`` and ``deterministic`` concern the compiled kernels
+    and change nothing here; ``out_fill`` fills the backward's tile-filled gradient buffers (see ``backward_core``).
     """
+    _check_blocks(KEY_TILE, block_n)
+    return _ReferenceAttention.apply(q, k, v, settings, noise_keys, block_n)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *fields, block_m: int = 64,
+                        block_n: int = KEY_TILE, noise_keys: torch.Tensor | None = None, **named) -> torch.Tensor:
+    """``attention`` with ``AttentionSettings(*fields, **named)`` (positionally: causal, rounding, fix, beta, eps,
+    ...), e.g. ``reference_attention(q, k, v, True, "paper", "dynamic_max")``. ``block_m`` is accepted for symmetry
+    with the kernel and changes no bit (rows are independent)."""
     _check_blocks(block_m, block_n)
-    return _ReferenceAttention.apply(q, k, v, causal, rounding, fix, beta, eps, block_n, head_offset, total_heads,
-                                     paper_block_keys, delta_gain, delta_sign, noise_keys, out_fill)
+    return attention(q, k, v, AttentionSettings(*fields, **named), noise_keys, block_n)
 
 
 def effective_output(out: torch.Tensor, o32: torch.Tensor | None, nm: Numerics,
@@ -322,19 +320,17 @@ def effective_output(out: torch.Tensor, o32: torch.Tensor | None, nm: Numerics,
     return o32 + gain.unsqueeze(-1) * (o_mode - o32)
 
 
-def reference_saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3,
-                           block_n: int = 64, *, paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
-                           total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
-                           noise_keys: torch.Tensor | None = None) -> torch.Tensor:
+def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
+                 noise_keys: torch.Tensor | None = None, block_n: int = KEY_TILE) -> torch.Tensor:
     """The O that the reference backward uses for delta (``effective_output``): LP O, the SR'd O for
     stochastic_output, the FP32 O for fix=fp32_output, the FP32 effective O of the amplified delta path."""
     heads = q.shape[1]
-    ql, kl, vl, nm = _prepare(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
-                              delta_gain, delta_sign, noise_keys)
+    ql, kl, vl, nm = _prepare(q, k, v, settings, noise_keys)
     with _no_autocast(q):
-        out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), causal, nm, block_n,
-                                   head_offset=head_offset, total_heads=total_heads, noise_keys=noise_keys)
-        return effective_output(out, o32, nm, noise_keys, head_offset)
+        out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), settings.causal, nm, block_n,
+                                   head_offset=settings.head_offset, total_heads=settings.total_heads,
+                                   noise_keys=noise_keys)
+        return effective_output(out, o32, nm, noise_keys, settings.head_offset)
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:

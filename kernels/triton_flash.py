@@ -24,11 +24,13 @@ O. The backward is three launches: delta = rowsum(dO * O_saved); dK, dV per key 
 its group, so no atomics); dQ per query tile. With ``deterministic=False`` the dK/dV launch also adds each key tile's
 share of dQ into an FP32 buffer with atomics, and the third launch only scales and rounds it. Launches go through
 ``_Kernel``, which caches the compiled binaries.
+
+This is the "triton" implementation behind ``kernels.attention``: ``prepare``, ``forward``, ``backward``,
+``forward_outputs`` and ``backward_outputs`` take one ``AttentionSettings`` record; kernels/ops.py makes them an
+autograd function and the torch.compile custom ops.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import triton
@@ -39,8 +41,7 @@ try:  # host-side TMA descriptors (Triton >= 3.4)
 except ImportError:  # pragma: no cover - older Triton: the dQ kernel keeps its pointer loads
     TensorDescriptor = None
 
-from kernels.modes import FIX_FP32_OUTPUT, PAPER_BLOCK_KEYS, Numerics, check_args
-from kernels.reference import effective_output
+from kernels.modes import AttentionSettings, Numerics, check_args
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -1031,13 +1032,24 @@ def _like(t: torch.Tensor, dtype=None, fill: float | None = None) -> torch.Tenso
     return torch.full_like(t, fill, dtype=dtype)
 
 
-def _numerics(q, k, v, rounding, fix, beta, eps, head_offset: int = 0, total_heads: int = 0,
-              paper_block_keys: int = PAPER_BLOCK_KEYS, delta_gain: float = 1.0, delta_sign: str = "kept",
-              noise_keys: torch.Tensor | None = None) -> Numerics:
-    nm = check_args(q, k, v, rounding, fix, beta, eps, _KERNEL_DTYPES, head_offset, total_heads, paper_block_keys,
-                    delta_gain, delta_sign, noise_keys)
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
+            noise_keys: torch.Tensor | None = None) -> Numerics:
+    """Check one call (tensors, devices, noise keys) and return its numerics; ``forward`` and ``backward`` take them."""
+    nm = check_args(q, k, v, settings, _KERNEL_DTYPES, noise_keys)
     _check_device(q, k, v)
     return nm
+
+
+def forward_outputs(q: torch.Tensor, settings: AttentionSettings):
+    """(O like q, LSE (B, H, T) FP32, FP32 O like q where the settings keep one, else an empty tensor), as
+    ``forward`` allocates them (the custom op's fake kernel too, so that the compiler sees the real strides)."""
+    return _forward_outputs(_last_dim_contiguous(q), settings.keeps_fp32_output, settings.out_fill)
+
+
+def backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings):
+    """(dq, dk, dv) as ``backward`` allocates them."""
+    return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
+                             settings.out_fill)
 
 
 def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool, fill: float | None = None):
@@ -1079,16 +1091,16 @@ def _keys_arg(nm: Numerics, noise_keys, bsz: int, device) -> torch.Tensor:
     return noise_keys.contiguous()
 
 
-def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0,
-                    noise_keys: torch.Tensor | None = None, *, autotune: bool = True, fill: float | None = None):
-    """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous. ``autotune`` False: the fixed tiles;
-    ``fill``: what the outputs start filled with (None: uninitialised)."""
+def _forward_launch(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torch.Tensor | None = None):
+    """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous. ``settings.autotune`` False: the fixed
+    tiles; ``settings.out_fill``: what the outputs start filled with (None: uninitialised)."""
     bsz, heads, seq, dim = q.shape
-    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, fill)
+    causal = settings.causal
+    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, settings.out_fill)
     keys = _keys_arg(nm, noise_keys, bsz, q.device)
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
     ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], heads,
-            heads // k.shape[1], seq, int(head_offset), int(total_heads or heads))
+            heads // k.shape[1], seq, settings.head_offset, settings.total_heads or heads)
     floats = (nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix,
                 SCALE_POW2=nm.score_rounds_once, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET,
@@ -1096,17 +1108,15 @@ def _forward_launch(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, t
     rows = bsz * heads
     tune_key = ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output)
     launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse, keys), ints, floats,
-                     meta, tune_key if autotune else None)
+                     meta, tune_key if settings.autotune else None)
     return launch, out, lse, o32
 
 
-def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, total_heads: int = 0,
-             noise_keys: torch.Tensor | None = None, *, autotune: bool = True, fill: float | None = None):
-    """Forward launch; q's head h is the model's head head_offset + h of total_heads (0: q.shape[1]), checked by
-    ``_numerics``."""
+def forward(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torch.Tensor | None = None):
+    """The forward launch: (O, LSE, FP32 O or an empty tensor), allocated as ``forward_outputs`` says; ``nm`` from
+    ``prepare``. q's head h is the model's head settings.head_offset + h of settings.total_heads."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    launch, out, lse, o32 = _forward_launch(q, k, v, causal, nm, head_offset, total_heads, noise_keys,
-                                            autotune=autotune, fill=fill)
+    launch, out, lse, o32 = _forward_launch(q, k, v, settings, nm, noise_keys)
     launch()
     return out, lse, o32
 
@@ -1150,14 +1160,14 @@ def dq_finish_launch(dq32: torch.Tensor, dq: torch.Tensor, nm: Numerics) -> _Lau
                    dict(HEAD_DIM=dim, IS_BF16=dq.dtype == torch.bfloat16, EXPLICIT=INTERPRET))
 
 
-def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-                       head_offset: int = 0, *, autotune: bool = True, fill: float | None = None,
-                       deterministic: bool = True):
+def _backward_launches(d_out, q, k, v, o_saved, lse, settings: AttentionSettings, nm: Numerics, o32=None,
+                       noise_keys=None):
     """((delta, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in q's
     dtype. The amplified path (``nm.amplified``) replaces the delta launch by the gain launch, which also reads the
-    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs). ``autotune`` and ``fill`` as in the forward.
-    ``deterministic`` False: the dK/dV launch also adds dQ's shares into an FP32 buffer with atomics, and the
-    third launch only scales and rounds it (see ``flash_attention``)."""
+    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs). ``settings.autotune`` and ``out_fill`` as in the
+    forward. ``settings.deterministic`` False: the dK/dV launch also adds dQ's shares into an FP32 buffer with
+    atomics, and the third launch only scales and rounds it (see ``kernels.flash_attention``)."""
+    causal, autotune, fill, head_offset = settings.causal, settings.autotune, settings.out_fill, settings.head_offset
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
     delta_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
@@ -1172,7 +1182,7 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, SCALE_POW2=nm.score_rounds_once,
                 IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
     key = (seq, dim, causal, nm.paper, q.dtype)
-    atomic = not deterministic
+    atomic = not settings.deterministic
     if atomic:  # dQ's FP32 sums, filled by the dK/dV launch's atomics (zeros whatever ``fill`` says)
         dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
         dq_tma = _DESCRIPTOR_ATOMICS and _tma_ok(dq32)
@@ -1195,170 +1205,15 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics,
     return (delta_launch, dkdv_launch, dq_launch), (dq, dk, dv)
 
 
-def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-              head_offset: int = 0, *, autotune: bool = True, fill: float | None = None, deterministic: bool = True):
+def backward(d_out, q, k, v, o_saved, lse, o32, settings: AttentionSettings, nm: Numerics, noise_keys=None):
+    """The backward launches: (dq, dk, dv) laid out like q, k, v. ``o_saved``: the O that delta uses (the mode's O:
+    LP, SR'd, or FP32 for fp32_output); ``o32``: the forward's FP32 O (the amplified delta path only, else None);
+    ``nm`` from ``prepare``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if d_out.dtype != q.dtype:
         d_out = d_out.to(q.dtype)
     d_out, o_saved = _last_dim_contiguous(d_out), _last_dim_contiguous(o_saved)
-    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset,
-                                         autotune=autotune, fill=fill, deterministic=deterministic)
+    launches, grads = _backward_launches(d_out, q, k, v, o_saved, lse, settings, nm, o32, noise_keys)
     for launch in launches:
         launch()
     return grads
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# torch custom ops (opaque to torch.compile) and autograd
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _amplified(delta_gain: float, delta_sign: str) -> bool:
-    return float(delta_gain) != 1.0 or delta_sign == "random"
-
-
-def _check_launch_options(autotune, out_fill, deterministic=True) -> None:
-    """``autotune``, ``deterministic``: True or False; ``out_fill``: None or a number (the launch options, besides
-    the numerics)."""
-    if not isinstance(autotune, bool):
-        raise TypeError(f"autotune={autotune!r} must be True (tuned tiles) or False (the fixed tiles)")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic={deterministic!r} must be True (dQ in its own launch, bit-reproducible) or "
-                        "False (dQ accumulated with atomics)")
-    if out_fill is not None and (isinstance(out_fill, bool) or not isinstance(out_fill, (int, float))):
-        raise TypeError(f"out_fill={out_fill!r} must be None (uninitialised outputs) or a number such as nan")
-
-
-@torch.library.custom_op("sla_attention::flash_fwd", mutates_args=())
-def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float,
-              eps: float, head_offset: int = 0, total_heads: int = 0, paper_block_keys: int = PAPER_BLOCK_KEYS,
-              delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
-              autotune: bool = True, out_fill: Optional[float] = None, deterministic: bool = True,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward launch: (O in the input dtype, LSE in FP32, FP32 O for fix=fp32_output or the amplified delta path
-    (delta_gain != 1 or random signs), else an empty tensor). ``deterministic`` is for the backward."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
-                   delta_sign, noise_keys)
-    _check_launch_options(autotune, out_fill, deterministic)
-    return _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune, fill=out_fill)
-
-
-@flash_fwd.register_fake
-def _(q, k, v, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, paper_block_keys=PAPER_BLOCK_KEYS,
-      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None, deterministic=True):
-    keeps = fix == "fp32_output" or _amplified(delta_gain, delta_sign)
-    return _forward_outputs(_last_dim_contiguous(q), keeps, out_fill)  # the real op's allocation
-
-
-@torch.library.custom_op("sla_attention::flash_bwd", mutates_args=())
-def flash_bwd(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor,
-              lse: torch.Tensor, causal: bool, rounding: str, fix: str, beta: float, eps: float,
-              head_offset: int = 0, total_heads: int = 0, o32: Optional[torch.Tensor] = None,
-              delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None,
-              autotune: bool = True, out_fill: Optional[float] = None, deterministic: bool = True,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launches: (dq, dk, dv) in the input dtype; o_saved is the O that delta uses (the mode's O), ``o32``
-    the forward's FP32 O (the amplified delta path only).
-
-    head_offset / total_heads are checked like the forward's; the backward itself uses only head_offset, in the
-    random signs' hash (P is recomputed from the saved LSE, which already reflects the forward's global-index shift;
-    nor does it depend on the paper tile size, so it takes none)."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, delta_gain=delta_gain,
-                   delta_sign=delta_sign, noise_keys=noise_keys)
-    _check_launch_options(autotune, out_fill, deterministic)
-    return _backward(d_out, q, k, v, o_saved, lse, causal, nm, o32, noise_keys, head_offset, autotune=autotune,
-                     fill=out_fill, deterministic=deterministic)
-
-
-@flash_bwd.register_fake
-def _(d_out, q, k, v, o_saved, lse, causal, rounding, fix, beta, eps, head_offset=0, total_heads=0, o32=None,
-      delta_gain=1.0, delta_sign="kept", noise_keys=None, autotune=True, out_fill=None, deterministic=True):
-    return _backward_outputs(_last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), out_fill)
-
-
-def _setup_context(ctx, inputs, output):
-    (q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, _paper_block_keys, delta_gain, delta_sign,
-     noise_keys, autotune, out_fill, deterministic) = inputs
-    out, lse, o32 = output
-    o_mode = o32 if fix == "fp32_output" else out
-    if _amplified(delta_gain, delta_sign):
-        ctx.save_for_backward(q, k, v, o_mode, lse, o32, noise_keys)
-    else:
-        ctx.save_for_backward(q, k, v, o_mode, lse, None, None)
-    ctx.args = (causal, rounding, fix, beta, eps, head_offset, total_heads)
-    ctx.delta_args = (delta_gain, delta_sign)
-    ctx.options = (autotune, out_fill, deterministic)
-
-
-def _backward_rule(ctx, d_out, _d_lse, _d_o32):
-    q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
-    dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, *ctx.args, o32, *ctx.delta_args, noise_keys, *ctx.options)
-    return dq, dk, dv, *([None] * 14)
-
-
-flash_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
-
-
-class _FlashAttention(torch.autograd.Function):
-    """Eager-mode autograd of the kernel: the same launches as the custom ops, without their dispatch overhead."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, nm: Numerics, head_offset: int, total_heads: int, noise_keys,
-                autotune: bool, out_fill, deterministic: bool):
-        out, lse, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune,
-                                 fill=out_fill)
-        o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
-        if nm.amplified:
-            ctx.save_for_backward(q, k, v, o_mode, lse, o32, noise_keys)
-        else:
-            ctx.save_for_backward(q, k, v, o_mode, lse, None, None)
-        ctx.causal = causal
-        ctx.nm = nm
-        ctx.head_offset = head_offset
-        ctx.options = dict(autotune=autotune, fill=out_fill, deterministic=deterministic)
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
-        dq, dk, dv = _backward(d_out, q, k, v, o_saved, lse, ctx.causal, ctx.nm, o32, noise_keys, ctx.head_offset,
-                               **ctx.options)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
-
-
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, rounding: str = "fa2",
-                    fix: str = "none", beta: float = 2.0, eps: float = 1e-3, *,
-                    paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0,
-                    total_heads: int = 0, delta_gain: float = 1.0, delta_sign: str = "kept",
-                    noise_keys: torch.Tensor | None = None, autotune: bool = True,
-                    out_fill: float | None = None, deterministic: bool = True) -> torch.Tensor:
-    """Triton flash attention; see ``kernels.flash_attention``.
-
-    Eager calls go straight to an ``autograd.Function`` (host overhead matters at short sequences); under
-    ``torch.compile`` the call is the custom op ``sla_attention::flash_fwd`` (opaque to the compiler). Both run the
-    same launches, so their results are identical.
-    """
-    _check_launch_options(autotune, out_fill, deterministic)
-    if torch.compiler.is_compiling():
-        return flash_fwd(q, k, v, causal, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
-                         float(delta_gain), delta_sign, noise_keys, autotune,
-                         None if out_fill is None else float(out_fill), deterministic)[0]
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
-                   delta_sign, noise_keys)
-    return _FlashAttention.apply(q, k, v, bool(causal), nm, head_offset, total_heads, noise_keys, autotune, out_fill,
-                                 deterministic)
-
-
-def saved_output(q, k, v, causal=True, rounding="fa2", fix="none", beta=2.0, eps=1e-3, *,
-                 paper_block_keys: int = PAPER_BLOCK_KEYS, head_offset: int = 0, total_heads: int = 0,
-                 delta_gain: float = 1.0, delta_sign: str = "kept", noise_keys: torch.Tensor | None = None,
-                 autotune: bool = True, out_fill: float | None = None) -> torch.Tensor:
-    """The O whose rowsum(dO * O) is this kernel's delta (forward only, no autograd graph); see
-    ``kernels.saved_output``."""
-    nm = _numerics(q, k, v, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys, delta_gain,
-                   delta_sign, noise_keys)
-    _check_launch_options(autotune, out_fill)
-    with torch.no_grad():
-        out, _, o32 = _forward(q, k, v, causal, nm, head_offset, total_heads, noise_keys, autotune=autotune,
-                               fill=out_fill)
-        return effective_output(out, o32 if nm.keeps_fp32_output else None, nm, noise_keys, head_offset)

@@ -29,7 +29,7 @@ import torch
 import yaml
 
 from kernels.bias_probe import Mode, default_modes
-from kernels.modes import tie_tile_keys
+from kernels.modes import AttentionSettings, tie_tile_keys
 from launcher.checkpoint import CheckpointError, CheckpointStore, load_parameters
 from launcher.config import ConfigError, build_config
 from launcher.data import eval_offsets, windows
@@ -128,8 +128,9 @@ def probe_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = No
             o_exact, _ = exact_attention(qi, ki, vi, causal=True)
             tie_parts[i].append(head_stats(scores(qi, ki, att.rounding), att.eps, tile))
             for mode in modes:
-                o_saved = saved_output(cap.q, cap.k, cap.v, cap.o, backend, mode.rounding, mode.fix, att.beta, att.eps,
-                                       paper_block_keys=paper_block_keys if mode.rounding == "paper" else None)
+                settings = AttentionSettings(rounding=mode.rounding, fix=mode.fix, beta=att.beta, eps=att.eps,
+                                             paper_block_keys=paper_block_keys, backend=backend)
+                o_saved = saved_output(cap.q, cap.k, cap.v, cap.o, backend, settings)
                 diffs.setdefault((i, mode.label), []).append(delta_difference(cap.d_out, o_saved, o_exact).cpu())
         say(f"[batch {b + 1}/{batches}] {len(layers)} layers x {len(modes)} modes: {time.time() - t0:.1f} s "
             f"(loss {captured.loss:.3f})")

@@ -106,53 +106,60 @@ def noise_keys(row_keys: Optional[torch.Tensor], layer: int, batch: int, device:
     return layer_keys(row_keys, layer)
 
 
+def attention_settings(config: AttentionConfig, head_offset: int = 0, total_heads: int = 0):
+    """The kernels' settings record (``kernels.modes.AttentionSettings``) of ``config``, for a rank whose first q
+    head is the model's head ``head_offset`` of ``total_heads`` (0: as many as q has, i.e. not sharded). Built once
+    by ``build_attention``; the monitors read the same object from the model (``KernelAttention.settings``)."""
+    from kernels.modes import AttentionSettings  # no Triton: kernels.modes is plain Python
+
+    if config.backend == "sdpa":
+        raise ValueError("attention.backend=sdpa runs torch's attention, which has no kernel settings")
+    return AttentionSettings(causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
+                             paper_block_keys=config.paper_block_keys, delta_gain=config.delta_gain,
+                             delta_sign=config.delta_sign, head_offset=head_offset, total_heads=total_heads,
+                             backend=config.backend, autotune=config.autotune, deterministic=config.deterministic)
+
+
 class KernelAttention:
-    """The Triton kernel or its reference with the config's numerics bound (``keywords``, passed as is).
+    """The Triton kernel or its reference with the run's settings bound (``settings``, an
+    ``kernels.modes.AttentionSettings``; ``kernels.attention`` picks the implementation).
 
-    With ``keyed`` (the config needs noise keys) each call turns (row_keys, layer) into the kernel's ``noise_keys``;
-    otherwise ``layer`` and ``row_keys`` are ignored and the kernel is called exactly as without them."""
+    With ``keyed`` (the settings draw random bits) each call turns (row_keys, layer) into the kernel's
+    ``noise_keys``; otherwise ``layer`` and ``row_keys`` are ignored."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], keywords: dict, keyed: bool):
-        self.fn, self.keywords, self.keyed = fn, keywords, keyed
+    def __init__(self, settings, keyed: bool):
+        self.settings, self.keyed = settings, keyed
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int = 0,
                  row_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if not self.keyed:
-            return self.fn(q, k, v, **self.keywords)
-        return self.fn(q, k, v, noise_keys=noise_keys(row_keys, layer, q.shape[0], q.device), **self.keywords)
+        import kernels  # lazily, like build_attention
+
+        keys = noise_keys(row_keys, layer, q.shape[0], q.device) if self.keyed else None
+        return kernels.attention(q, k, v, self.settings, keys)
 
 
 def resolve_backend(config: AttentionConfig, device: torch.device) -> str:
-    """The concrete backend for ``config.backend`` on ``device`` (auto picks triton on CUDA, reference on CPU)."""
-    if config.backend != "auto":
-        return config.backend
-    return "triton" if device.type == "cuda" else "reference"
+    """The concrete backend for ``config.backend`` on ``device``: sdpa, or the kernels' choice
+    (``kernels.implementation``: triton on CUDA, reference on CPU for auto)."""
+    if config.backend == "sdpa":
+        return "sdpa"
+    import kernels
+
+    return kernels.implementation(attention_settings(config), device)
 
 
 def build_attention(config: AttentionConfig, device: torch.device, head_offset: int = 0,
                     total_heads: int = 0) -> AttentionFn:
-    """Return the attention callable the model will use, bound to the config's numerics.
+    """Return the attention callable the model will use, bound to the config's settings.
 
     ``head_offset`` and ``total_heads`` are for tensor parallelism: the callable's q head h is the model's head
     ``head_offset + h`` of ``total_heads`` (0: as many as q has, i.e. not sharded). The Triton and reference
     backends use this global head index in their head-dependent numerics (the dynamic_max fix's per-row shift), so
-    the result does not change with the tensor-parallel degree; the values are checked at the first call. The sdpa
-    backend has no head-dependent numerics and ignores them.
-
-    ``delta_gain`` / ``delta_sign`` reach the kernel only when they differ from (1.0, kept), so that the default
-    makes exactly the calls it made before they existed; ``autotune`` and ``deterministic`` reach the Triton
-    kernel only.
+    the result does not change with the tensor-parallel degree; the slice is checked at the first call. The sdpa
+    backend has no head-dependent numerics and ignores them. ``device`` is not needed to bind them: with
+    backend=auto, ``kernels.attention`` picks the implementation per call from the tensors' device (the model's).
     """
-    backend = resolve_backend(config, device)
-    if backend == "sdpa":
+    if config.backend == "sdpa":
         return sdpa_attention
-    import kernels  # imported lazily: kernels/ pulls in triton, which the sdpa path does not need
-
-    fn = kernels.flash_attention if backend == "triton" else kernels.reference_attention
-    keywords = dict(causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
-                    paper_block_keys=config.paper_block_keys, head_offset=head_offset, total_heads=total_heads)
-    if config.stresses_delta:
-        keywords.update(delta_gain=config.delta_gain, delta_sign=config.delta_sign)
-    if backend == "triton":
-        keywords.update(autotune=config.autotune, deterministic=config.deterministic)
-    return KernelAttention(fn, keywords, keyed=config.needs_noise_keys)
+    settings = attention_settings(config, head_offset, total_heads)
+    return KernelAttention(settings, keyed=settings.needs_noise_keys)

@@ -14,10 +14,11 @@ For one layer on the probe batch (q, k, v, its attention output and the gradient
 Backend ``sdpa``: torch's fused kernels save the very output they return, so O_saved is the captured output itself
 (exact, no emulation) and O_exact uses q, k, v as they were, unrounded.
 
-Runs with random bits (fix=stochastic_output, delta_sign=random) and with delta_gain != 1: O_saved is what
-``kernels.saved_output`` returns for the same ``delta_gain``, ``delta_sign`` and ``noise_keys``, so delta_lp is the
-delta the run's backward forms. The probe batch runs without the trainer's row keys: its keys are those of row key 0
-(``model.attention.noise_keys(None, layer, ...)``), the same at every call, which the monitors pass here.
+O_saved is what ``kernels.saved_output`` returns for the run's own attention settings (the object the model's
+attention was built with: rounding, fix, delta_gain and delta_sign, the global head index, the backend and the
+kernel's tiles) and noise keys, so delta_lp is the delta the run's backward forms. The probe batch runs without the
+trainer's row keys: its keys are those of row key 0 (``model.attention.noise_keys(None, layer, ...)``), the same at
+every call, which the monitors pass here.
 """
 
 from __future__ import annotations
@@ -27,31 +28,22 @@ from typing import Optional
 
 import torch
 
-from kernels.modes import mode_kwargs
 from kernels.reference import exact_attention
 from launcher.monitors.attention_stats import kernel_inputs
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, backend: str,
-                 rounding: str, fix: str, beta: float, eps: float, head_offset: int = 0,
-                 total_heads: int = 0, paper_block_keys: Optional[int] = None, delta_gain: float = 1.0,
-                 delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The attention output the run's backward multiplies dO with to form delta. ``head_offset``/``total_heads``: the
-    global index of q's first head and the model's head count (tensor parallelism), as the run's attention sees them.
-    ``paper_block_keys``: the paper tile size (None: the kernels' default). ``delta_gain``, ``delta_sign``,
-    ``noise_keys``: as the run's attention gets them (passed on only where they matter, as model.attention does)."""
+                 settings=None, noise_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The attention output the run's backward multiplies dO with to form delta. ``settings``: the run's
+    ``kernels.modes.AttentionSettings`` (what the model's attention was built with: numerics, global head index,
+    backend and launch options, so O is recomputed with the run's tiles); None for backend=sdpa. ``noise_keys``: as
+    the run's attention gets them."""
     if backend == "sdpa":
         return o
     import kernels  # lazily: the sdpa path must not need kernels/ (Triton)
 
-    extra = {}
-    if (delta_gain, delta_sign) != (1.0, "kept"):
-        extra.update(delta_gain=delta_gain, delta_sign=delta_sign)
-    if noise_keys is not None:
-        extra["noise_keys"] = noise_keys
     return kernels.saved_output(kernel_inputs(q, backend), kernel_inputs(k, backend), kernel_inputs(v, backend),
-                                causal=True, beta=beta, eps=eps, backend=backend, head_offset=head_offset,
-                                total_heads=total_heads, **mode_kwargs(rounding, fix, paper_block_keys), **extra)
+                                settings, noise_keys=noise_keys)
 
 
 @torch.no_grad()
@@ -87,16 +79,13 @@ def cosine_from_parts(dot: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor)
 
 @torch.no_grad()
 def layer_delta_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_out: torch.Tensor,
-                     x: torch.Tensor, backend: str, rounding: str, fix: str, beta: float, eps: float,
-                     previous_error: Optional[torch.Tensor] = None, head_offset: int = 0,
-                     total_heads: int = 0, paper_block_keys: Optional[int] = None, delta_gain: float = 1.0,
-                     delta_sign: str = "kept", noise_keys: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+                     x: torch.Tensor, backend: str, settings=None, previous_error: Optional[torch.Tensor] = None,
+                     noise_keys: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """Delta-bias results of one layer: ``sum`` (H,) of delta_lp - delta_hp over batch and positions, the W_Q
     gradient ``error`` (H, hd, d) and, given the previous call's error, cosines ``dwq_cos`` (whole layer, scalar)
-    and ``dwq_cos_head`` (H,) with their parts per head (``dot``, ``error_sq``, ``previous_sq``). ``delta_gain``,
-    ``delta_sign``, ``noise_keys``: see :func:`saved_output`."""
-    o_saved = saved_output(q, k, v, o, backend, rounding, fix, beta, eps, head_offset, total_heads, paper_block_keys,
-                           delta_gain, delta_sign, noise_keys)
+    and ``dwq_cos_head`` (H,) with their parts per head (``dot``, ``error_sq``, ``previous_sq``). ``settings``,
+    ``noise_keys``: see :func:`saved_output`."""
+    o_saved = saved_output(q, k, v, o, backend, settings, noise_keys)
     qi, ki, vi = (kernel_inputs(t, backend) for t in (q, k, v))
     o_exact, p = exact_attention(qi, ki, vi, causal=True)
     diff = delta_difference(d_out, o_saved, o_exact)

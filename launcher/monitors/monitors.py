@@ -92,20 +92,25 @@ class Monitors:
         zero3 = engine is not None and engine.zero_stage == 3
         # ranks that take part: the logging rank's tensor-parallel group, or every rank under ZeRO-3
         self.active = self.dims.dp_rank == 0 or zero3
-        self.rounding, self.fix = att.rounding, att.fix
-        self.beta, self.eps, self.paper_block_keys = att.beta, att.eps, att.paper_block_keys
-        self.delta_gain, self.delta_sign, self.keyed = att.delta_gain, att.delta_sign, att.needs_noise_keys
-        # the tile in which a repeated maximum matters for the run's numerics
-        self.tie_tile = tie_tile_keys(att.rounding, att.paper_block_keys)
         # this rank's blocks by global layer index (a pipeline stage holds some of them)
         self.layers: dict[int, torch.nn.Module] = engine.blocks() if engine is not None else dict(enumerate(model.blocks))
         self.layer_ids = sorted(self.layers)
+        first = self.layers[self.layer_ids[0]]
+        # the run's attention settings (kernels.modes.AttentionSettings), read from the model: what its attention
+        # computes and how it is launched, this rank's global head index included; None for backend=sdpa
+        self.settings = getattr(first.attn.attention_fn, "settings", None)
+        if self.settings is None and backend != "sdpa":
+            raise ValueError(f"the model's attention has no kernel settings but the monitors' backend is {backend}: "
+                             "bind it with model.build_attention")
+        numerics = att if self.settings is None else self.settings  # sdpa: the config's (fa2, validated)
+        self.rounding, self.eps = numerics.rounding, numerics.eps
+        # the tile in which a repeated maximum matters for the run's numerics
+        self.tie_tile = tie_tile_keys(numerics.rounding, numerics.paper_block_keys)
         self.n_layer = config.model.n_layer
         self.d_model = config.model.d_model
         self.sequence_parallel = config.parallel.sequence_parallel
         self.n_head = config.model.n_head  # of the whole model; this rank's are head_offset .. + local_heads - 1
         self.head_offset, _ = head_range(self.n_head, self.dims)
-        first = self.layers[self.layer_ids[0]]
         self.local_heads = first.attn.n_head
         self.head_dim = first.attn.head_dim
         self.spectral_interval = mon.spectral_interval
@@ -353,10 +358,10 @@ class Monitors:
         for i in self.delta_layers:
             cap = probe.layers[i]
             # the probe pass ran without row keys: its attention used those of row key 0 (model.attention.noise_keys)
-            keys = noise_keys(None, i, cap.q.shape[0], cap.q.device) if self.keyed else None
-            out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.rounding,
-                                   self.fix, self.beta, self.eps, self.prev_error.get(i), self.head_offset,
-                                   self.n_head, self.paper_block_keys, self.delta_gain, self.delta_sign, keys)
+            keyed = self.settings is not None and self.settings.needs_noise_keys
+            keys = noise_keys(None, i, cap.q.shape[0], cap.q.device) if keyed else None
+            out = layer_delta_bias(cap.q, cap.k, cap.v, cap.o, cap.d_out, cap.x, self.backend, self.settings,
+                                   self.prev_error.get(i), keys)
             cum = self.delta_cum.get(i)
             self.delta_cum[i] = out["sum"].clone() if cum is None else cum.to(out["sum"]) + out["sum"]
             self.prev_error[i] = out["error"].float()  # (heads, head_dim, d_model), rows of q_proj.weight per head

@@ -331,7 +331,8 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix,
     """Gain 1 kept (keys or not) is the mode's path bit for bit, without an FP32 O unless the fix keeps one; gain 0
     gives fp32_output's gradients bit for bit. (Both delta launches are compiled without FP fusion: with FMA
     contraction in the plain one, 1-21 gradient elements differed; docs/device-runs/2026-12-01-house/README.md.)"""
-    from kernels import triton_flash
+    from kernels import ops
+    from kernels.modes import AttentionSettings
 
     q, k, v, d_out = (torch.randn(2, 4, 300, 64, device="cuda").bfloat16() for _ in range(4))
     keys = _keys(2, seed)
@@ -345,8 +346,8 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta(rounding, fix,
     base = run(fix, noise_keys=keys)
     same = run(fix, delta_gain=1.0, delta_sign="kept", noise_keys=keys)
     assert all(torch.equal(a, b) for a, b in zip(base, same)), f"seed={seed}"
-    o32 = triton_flash.flash_fwd(q, k, v, True, rounding, fix, 2.0, 1e-3, 0, 0, 512, 1.0, "kept", keys,
-                                 autotune=False, out_fill=NAN)[2]
+    settings = AttentionSettings(rounding=rounding, fix=fix, backend="triton", autotune=False, out_fill=NAN)
+    o32 = ops.flash_fwd(q, k, v, keys, "triton", *ops.settings_fields(settings))[2]
     assert (o32.numel() > 0) == (fix == "fp32_output")
     if fix in ("none", "stochastic_output"):
         zero, fp32 = run(fix, delta_gain=0.0, noise_keys=keys), run("fp32_output")

@@ -13,7 +13,7 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.modes import check_args
+from kernels.modes import AttentionSettings, check_args
 from kernels.reference import _expand_kv, delta_of, forward_core
 from kernels.rounding import (_mix32_int, delta_signs, layer_keys, mix32, noise_row_hash, row_keys, sr_bf16, sr_bits,
                               stochastic_bf16)
@@ -191,8 +191,8 @@ def test_stochastic_output_gradients_are_the_flash_backward_of_its_o(seed):
     and its LSE (hence P) is none's."""
     q, k, v, d_out = inputs()
     keys = keys_for(2, seed)
-    nm = check_args(q, k, v, "fa2", "stochastic_output", 2.0, 1e-3, BF16)
-    nm_none = check_args(q, k, v, "fa2", "none", 2.0, 1e-3, BF16)
+    nm = check_args(q, k, v, AttentionSettings(fix="stochastic_output"), BF16)
+    nm_none = check_args(q, k, v, AttentionSettings(), BF16)
     kk, vv = _expand_kv(k, 4), _expand_kv(v, 4)
     out, lse, _ = forward_core(q, kk, vv, True, nm, 64, noise_keys=keys)
     _, lse_none, _ = forward_core(q, kk, vv, True, nm_none, 64)
@@ -237,7 +237,7 @@ def test_gain_one_kept_is_the_mode_bit_for_bit(rounding, fix, seed):
     same = out_and_grads(q, k, v, d_out, True, rounding, fix, delta_gain=1.0, delta_sign="kept", noise_keys=keys)
     for a, b in zip([base[0], *base[1]], [same[0], *same[1]]):
         assert same_bits(a, b), f"seed={seed}"
-    nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, BF16, delta_gain=1, delta_sign="kept")
+    nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix, delta_gain=1, delta_sign="kept"), BF16)
     assert not nm.amplified and nm.keeps_fp32_output == (fix == "fp32_output")
     if fix != "stochastic_output":  # keys are ignored by the deterministic modes
         plain = out_and_grads(q, k, v, d_out, True, rounding, fix)
@@ -251,13 +251,13 @@ def test_gain_zero_gives_the_fp32_output_delta(rounding, fix, seed):
     stochastic_output: same LSE), the gradients are fp32_output's bit for bit."""
     q, k, v, d_out = tied_maxima_inputs(1, 4, 2, 80, dim=32)
     keys = keys_for(1, seed)
-    nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, BF16, delta_gain=0.0)
+    nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix, delta_gain=0.0), BF16)
     kk, vv = _expand_kv(k, 4), _expand_kv(v, 4)
     out, lse, o32 = forward_core(q, kk, vv, True, nm, 64, noise_keys=keys)
     dof = d_out.float()
     o_mode = o32 if fix == "fp32_output" else out
     assert same_bits(delta_of(dof, o_mode, nm, o32, keys), (dof * o32).sum(-1))
-    nm_fp32 = check_args(q, k, v, rounding, "fp32_output", 2.0, 1e-3, BF16)
+    nm_fp32 = check_args(q, k, v, AttentionSettings(rounding=rounding, fix="fp32_output"), BF16)
     _, _, o32_fp32 = forward_core(q, kk, vv, True, nm_fp32, 64)
     if fix in ("none", "fp32_output", "stochastic_output"):
         assert same_bits(o32, o32_fp32), "the same FP32 O as fp32_output (paper: the same shadow accumulation)"
@@ -277,7 +277,7 @@ def test_gain_scales_the_delta_error(rounding, seed):
     dof = d_out.float()
     results = {}
     for sign in ("kept", "random"):
-        nm = check_args(q, k, v, rounding, "none", 2.0, 1e-3, BF16, delta_gain=20.0, delta_sign=sign)
+        nm = check_args(q, k, v, AttentionSettings(rounding=rounding, delta_gain=20.0, delta_sign=sign), BF16)
         out, _, o32 = forward_core(q, kk, vv, True, nm, 64, noise_keys=keys)
         d32 = (dof * o32).sum(-1)
         d_mode = (dof * out.float()).sum(-1)

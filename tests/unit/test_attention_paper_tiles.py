@@ -77,10 +77,10 @@ def oracle(q, k, v, causal: bool, tile: int, fix: str = "none", beta: float = 2.
 
 
 def forward(q, k, v, causal, tile, fix="none"):
-    from kernels.modes import check_args
+    from kernels.modes import AttentionSettings, check_args
     from kernels.reference import forward_core
 
-    nm = check_args(q, k, v, "paper", fix, 2.0, 1e-3, (torch.bfloat16,), paper_block_keys=tile)
+    nm = check_args(q, k, v, AttentionSettings(rounding="paper", fix=fix, paper_block_keys=tile), (torch.bfloat16,))
     out, lse, _ = forward_core(q, k, v, causal, nm, 64)
     return out, lse
 

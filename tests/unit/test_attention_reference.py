@@ -12,10 +12,10 @@ import torch
 import kernels
 from kernels import reference
 from kernels.bias_probe import CASES, EXACT, Mode, build_inputs, run_probe
-from kernels.modes import check_args, mode_kwargs
+from kernels.modes import AttentionSettings, check_args, mode_kwargs
 from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
 from tests.attention_common import (MODES, NAN, assert_head_slices_match_whole, fp64_out_and_grads, nan_filled,
-                                    rel_err, tied_maxima_inputs)
+                                    out_and_grads, rel_err, same_bits, tied_maxima_inputs)
 
 # Every call here starts the backward's tile-filled gradient buffers NaN-filled, so a tile it misses shows up.
 reference_attention = nan_filled(kernels.reference_attention)
@@ -60,12 +60,12 @@ def test_pow2_scale_keeps_bf16_scores_exact(head_dim):
     assert torch.equal(round_lp(scaled[normal], torch.bfloat16), scaled[normal])
     assert not torch.equal(round_lp(scaled[~normal], torch.bfloat16), scaled[~normal])
     x = torch.zeros(1, 1, 4, head_dim, dtype=torch.bfloat16)
-    assert check_args(x, x, x, "paper", "none", 2.0, 1e-3, (torch.bfloat16,)).score_rounds_once
-    assert not check_args(x, x, x, "fa2", "none", 2.0, 1e-3, (torch.bfloat16,)).score_rounds_once
-    assert not check_args(x.half(), x.half(), x.half(), "paper", "none", 2.0, 1e-3, (torch.float16,)).score_rounds_once
+    assert check_args(x, x, x, AttentionSettings(rounding="paper"), (torch.bfloat16,)).score_rounds_once
+    assert not check_args(x, x, x, AttentionSettings(rounding="fa2"), (torch.bfloat16,)).score_rounds_once
+    assert not check_args(x.half(), x.half(), x.half(), AttentionSettings(rounding="paper"), (torch.float16,)).score_rounds_once
     for other in (32, 128):
         y = torch.zeros(1, 1, 4, other, dtype=torch.bfloat16)
-        assert not check_args(y, y, y, "paper", "none", 2.0, 1e-3, (torch.bfloat16,)).score_rounds_once
+        assert not check_args(y, y, y, AttentionSettings(rounding="paper"), (torch.bfloat16,)).score_rounds_once
 
 
 def test_safe_shift_is_bounded_and_varies_per_row(seed):
@@ -230,17 +230,24 @@ def test_build_attention_passes_the_global_head_index(seed):
     assert sdpa(q[:, 2:], k[:, 2:], v[:, 2:]).shape == q[:, 2:].shape  # ignored: no head-dependent numerics
 
 
-def test_build_attention_gives_the_triton_kernel_its_launch_options():
-    """attention.autotune and attention.deterministic reach the Triton kernel's call (and only it: the reference
-    has no launches). Nothing is launched here."""
+def test_build_attention_gives_the_triton_kernel_its_launch_options(seed):
+    """attention.autotune and attention.deterministic reach the kernels' settings of the attention callable (the
+    object that goes to the implementation), and only the compiled kernels use them: the reference, which has no
+    launches, gives the same bits with either value. Nothing is launched on a GPU here."""
     from model.attention import AttentionConfig, build_attention
 
     cpu = torch.device("cpu")
     triton_call = build_attention(AttentionConfig(backend="triton", autotune=False, deterministic=False), cpu)
-    assert triton_call.keywords["autotune"] is False and triton_call.keywords["deterministic"] is False
-    assert build_attention(AttentionConfig(backend="triton"), cpu).keywords["deterministic"] is True
-    reference_call = build_attention(AttentionConfig(backend="reference", deterministic=False), cpu)
-    assert "deterministic" not in reference_call.keywords and "autotune" not in reference_call.keywords
+    assert triton_call.settings.autotune is False and triton_call.settings.deterministic is False
+    assert build_attention(AttentionConfig(backend="triton"), cpu).settings.deterministic is True
+    q, k, v, d_out = tied_maxima_inputs(1, 2, 2, 70)
+    results = []
+    for autotune, deterministic in ((True, True), (False, False)):
+        call = build_attention(AttentionConfig(backend="reference", autotune=autotune, deterministic=deterministic),
+                               cpu)
+        results.append(out_and_grads(call, q, k, v, d_out))
+    (o_a, grads_a), (o_b, grads_b) = results
+    assert same_bits(o_a, o_b) and all(same_bits(a, b) for a, b in zip(grads_a, grads_b)), f"seed={seed}"
 
 
 def test_defaults_are_the_unsharded_head_index(seed):
@@ -268,7 +275,7 @@ def test_bad_head_index_gives_clear_errors():
         reference_attention(q, q, q, head_offset=1.0, total_heads=4)
     with pytest.raises(ValueError, match="head_offset"):
         kernels.saved_output(q, q, q, head_offset=-1, total_heads=4)
-    nm = check_args(q, q, q, "fa2", "dynamic_max", 2.0, 1e-3, (torch.bfloat16,))
+    nm = check_args(q, q, q, AttentionSettings(fix="dynamic_max"), (torch.bfloat16,))
     with pytest.raises(ValueError, match="exceeds total_heads"):
         reference.forward_core(q, q, q, True, nm, 64, head_offset=1, total_heads=2)
 
@@ -310,7 +317,7 @@ def test_safe_fix_never_nan_inf_or_zeroed(rounding, logit, ties, spread):
 def test_safe_fix_fully_masked_rows_are_zero_not_nan():
     q, k, v = (torch.randn(1, 2, 70, 64).bfloat16() for _ in range(3))
     for rounding in kernels.ROUNDINGS:
-        nm = check_args(q, k, v, rounding, "dynamic_max", 2.0, 1e-3, (torch.bfloat16,))
+        nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix="dynamic_max"), (torch.bfloat16,))
         out, lse, _ = reference.forward_core(q, k, v, False, nm, 64, kv_len=0)
         assert (out == 0).all() and (lse == float("-inf")).all()
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import kernels
+from kernels import ops
+from kernels.modes import AttentionSettings
 from tests.attention_common import (MODES, NAN, assert_head_slices_match_whole, fp64_out_and_grads, head_slices,
                                     nan_filled, out_and_grads, rel_err, same_bits, tied_maxima_inputs)
 
@@ -49,6 +51,16 @@ BLOCK_N = triton_flash.FIXED_FWD["BLOCK_N"]
 flash_attention = nan_filled(kernels.flash_attention)
 reference_attention = nan_filled(kernels.reference_attention)
 saved_output = nan_filled(kernels.saved_output)
+
+
+def op_fields(**named):
+    """The custom ops' settings arguments: the fields of AttentionSettings(backend="triton", **named), in order."""
+    return ops.settings_fields(AttentionSettings(backend="triton", **named))
+
+
+def fwd_op(q, k, v, noise_keys=None, **named):
+    """The forward custom op (what torch.compile calls) of the Triton kernel with these settings."""
+    return ops.flash_fwd(q, k, v, noise_keys, "triton", *op_fields(**named))
 
 
 def assert_matches_reference(out, ref, msg=""):
@@ -413,7 +425,9 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="head_offset=-1 must be >= 0"):
         saved_output(q, q, q, head_offset=-1, total_heads=3, backend="triton")
     with pytest.raises(ValueError, match="total_heads=-1 must be >= 0"):
-        triton_flash.flash_fwd(q, q, q, True, "fa2", "none", 2.0, 1e-3, 0, -1)
+        fields = list(op_fields())
+        fields[ops.FIELDS.index("total_heads")] = -1
+        ops.flash_fwd(q, q, q, None, "triton", *fields)
     with pytest.raises(TypeError, match="autotune='no' must be True"):
         flash_attention(q, q, q, autotune="no")
     with pytest.raises(TypeError, match="out_fill='nan' must be None"):
@@ -424,8 +438,8 @@ def test_out_fill_shows_an_element_that_no_launch_writes(seed):
     """What the NaN-filled buffers of these tests catch: a forward launched one query tile short leaves the rows of
     that tile NaN in O and LSE. With every program launched the fill changes no bit of O or of the gradients."""
     q, k, v, d_out = (torch.randn(1, 2, 100, 64).bfloat16() for _ in range(4))
-    nm = triton_flash._numerics(q, k, v, "fa2", "none", 2.0, 1e-3)
-    launch, out, lse, _ = triton_flash._forward_launch(q, k, v, True, nm, fill=NAN)
+    settings = AttentionSettings(backend="triton", out_fill=NAN)
+    launch, out, lse, _ = triton_flash._forward_launch(q, k, v, settings, triton_flash.prepare(q, k, v, settings))
     grid = launch.grid
     launch.grid = lambda cfg: (grid(cfg)[0] - 1, grid(cfg)[1])  # programs run heaviest tile first: rows 64-99 skipped
     launch()
@@ -452,8 +466,7 @@ def test_eager_path_equals_custom_op(seed, rounding, fix, head_offset, total_hea
     heads = dict(head_offset=head_offset, total_heads=total_heads)
     results = []
     for call in (lambda a, b, c: flash_attention(a, b, c, True, rounding, fix, **heads),
-                 lambda a, b, c: triton_flash.flash_fwd(a, b, c, True, rounding, fix, 2.0, 1e-3, **heads,
-                                                        out_fill=NAN)[0]):
+                 lambda a, b, c: fwd_op(a, b, c, rounding=rounding, fix=fix, out_fill=NAN, **heads)[0]):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         out = call(qq, kk, vv)
         out.backward(d_out)
@@ -470,11 +483,12 @@ def test_fake_kernels_match_the_real_ops_on_model_layout_inputs(seed, rounding, 
     q, k, v, d_out = (torch.randn(1, 48, 2, 32).bfloat16().transpose(1, 2) for _ in range(4))
     assert not q.is_contiguous()
     tests = ("test_schema", "test_faketensor")
-    args = (q, k, v, True, rounding, fix, 2.0, 1e-3, 0, 0, 64)  # paper_block_keys=64 (ignored by fa2)
-    torch.library.opcheck(triton_flash.flash_fwd, args, test_utils=tests)
-    out, lse, o32 = triton_flash.flash_fwd(*args)
+    fields = op_fields(rounding=rounding, fix=fix, paper_block_keys=64)  # (the paper tile is ignored by fa2)
+    args = (q, k, v, None, "triton", *fields)
+    torch.library.opcheck(ops.flash_fwd, args, test_utils=tests)
+    out, lse, o32 = ops.flash_fwd(*args)
     o_saved = o32 if fix == "fp32_output" else out
-    torch.library.opcheck(triton_flash.flash_bwd, (d_out, q, k, v, o_saved, lse, True, rounding, fix, 2.0, 1e-3, 0, 0),
+    torch.library.opcheck(ops.flash_bwd, (d_out, q, k, v, o_saved, lse, None, None, "triton", *fields),
                           test_utils=tests)
 
 
@@ -487,7 +501,7 @@ def test_compiled_model_with_the_kernel_matches_eager(seed, fix):
 
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=64, max_seq_len=32, n_layer=2, n_head=2, d_model=64))
-    model.set_attention(KernelAttention(flash_attention, dict(causal=True, rounding="fa2", fix=fix), False))
+    model.set_attention(KernelAttention(AttentionSettings(backend="triton", fix=fix, out_fill=NAN), False))
     x, y = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
 
     def loss_and_grads(forward):
@@ -566,10 +580,9 @@ def test_noise_modes_bit_for_bit_where_sums_are_exact(rounding, fix, extra, seed
     seq = int(torch.randint(65, 131, (1,)))
     q, k, v = exact_arithmetic_inputs(seq, True)
     kw = dict(extra, noise_keys=_keys(1, seed))
-    out, lse, o32 = triton_flash.flash_fwd(q, k, v, True, "paper" if rounding == "paper" else "fa2", fix, 2.0, 1e-3,
-                                           0, 0, 512, float(kw.get("delta_gain", 1.0)),
-                                           kw.get("delta_sign", "kept"), kw["noise_keys"], out_fill=NAN)
-    nm = check_args(q, k, v, rounding, fix, 2.0, 1e-3, (torch.bfloat16,), **kw)
+    out, lse, o32 = fwd_op(q, k, v, kw["noise_keys"], rounding=rounding, fix=fix, out_fill=NAN, **extra)
+    nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix, **extra), (torch.bfloat16,),
+                    kw["noise_keys"])
     ref_out, ref_lse, ref_o32 = forward_core(q, k, v, True, nm, BLOCK_N, noise_keys=kw["noise_keys"])
     msg = f"seed={seed} seq={seq}"
     assert torch.equal(out.view(torch.int16), ref_out.view(torch.int16)), msg
@@ -617,7 +630,7 @@ def test_gain_one_is_the_mode_and_gain_zero_the_fp32_output_delta_in_kernel(roun
     base = run()
     assert all(torch.equal(a, b) for a, b in zip(base, run(delta_gain=1.0, delta_sign="kept",
                                                            noise_keys=_keys(1, seed))))
-    assert triton_flash.flash_fwd(q, k, v, True, rounding, "none", 2.0, 1e-3, 0, 0, 512, 1.0)[2].numel() == 0
+    assert fwd_op(q, k, v, rounding=rounding)[2].numel() == 0
     zero, fp32 = run(delta_gain=0.0), run(fix="fp32_output")
     assert torch.equal(zero[0], base[0])
     for name, a, b in zip("qkv", zero[1:], fp32[1:]):
@@ -658,12 +671,12 @@ def test_fake_kernels_with_noise_arguments():
     q, k, v, d_out = (torch.randn(2, 48, 2, 32).bfloat16().transpose(1, 2) for _ in range(4))
     keys = _keys(2, 0)
     tests = ("test_schema", "test_faketensor")
-    args = (q, k, v, True, "fa2", "stochastic_output", 2.0, 1e-3, 0, 0, 64, 3.0, "random", keys)
-    torch.library.opcheck(triton_flash.flash_fwd, args, test_utils=tests)
-    out, lse, o32 = triton_flash.flash_fwd(*args)
+    fields = op_fields(fix="stochastic_output", paper_block_keys=64, delta_gain=3.0, delta_sign="random")
+    args = (q, k, v, keys, "triton", *fields)
+    torch.library.opcheck(ops.flash_fwd, args, test_utils=tests)
+    out, lse, o32 = ops.flash_fwd(*args)
     assert o32.shape == q.shape and o32.stride() == out.stride()
-    torch.library.opcheck(triton_flash.flash_bwd, (d_out, q, k, v, out, lse, True, "fa2", "stochastic_output", 2.0,
-                                                   1e-3, 0, 0, o32, 3.0, "random", keys), test_utils=tests)
+    torch.library.opcheck(ops.flash_bwd, (d_out, q, k, v, out, lse, o32, keys, "triton", *fields), test_utils=tests)
 
 
 def test_stochastic_output_refuses_fp16_in_kernel():

@@ -100,7 +100,7 @@ def test_paper_block_keys_reaches_the_attention():
     assert load_config("smoke").attention.paper_block_keys == PAPER_BLOCK_KEYS == 512
     for tile in (0, 64, 1024):
         config = load_config("smoke", [f"attention.paper_block_keys={tile}"])
-        assert build_attention(config.attention, torch.device("cpu")).keywords["paper_block_keys"] == tile
+        assert build_attention(config.attention, torch.device("cpu")).settings.paper_block_keys == tile
 
 
 def test_arms_may_set_the_delta_stress_and_stochastic_output():

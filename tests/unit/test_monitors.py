@@ -278,6 +278,31 @@ def test_intervals_and_disabled_parts():
     assert Monitors(config, model, batch, None, contextlib.nullcontext, "reference", replica).after_step(3) == {}
 
 
+def test_delta_bias_recomputes_o_with_the_runs_attention_settings(monkeypatch):
+    """The delta-bias monitor recomputes O with the model's own attention settings object, launch options included.
+    It used to copy 8 attention fields by hand and leave out autotune and deterministic, so with
+    attention.autotune=false the GPU monitor recomputed O with autotuned tiles the run never used."""
+    import kernels
+
+    config, _, batch = _setup(delta_layers=[0])
+    config.attention.autotune, config.attention.deterministic = False, False
+    model = GPT(config.model, build_attention(config.attention, torch.device("cpu")))
+    seen, real = [], kernels.saved_output
+
+    def spy(q, k, v, settings=None, *, noise_keys=None, **named):
+        seen.append((settings, named))
+        return real(q, k, v, settings, noise_keys=noise_keys, **named)
+
+    monkeypatch.setattr(kernels, "saved_output", spy)
+    Monitors(config, model, batch, _Writer(), contextlib.nullcontext, "reference").after_step(1)
+    assert seen
+    for settings, named in seen:  # what the kernels would run: the settings given, else the named fields' defaults
+        autotune = named.get("autotune", True) if settings is None else settings.autotune
+        deterministic = named.get("deterministic", True) if settings is None else settings.deterministic
+        assert (autotune, deterministic) == (False, False)
+        assert settings is model.blocks[0].attn.attention_fn.settings and not named
+
+
 def test_state_dict_resume_continues_identically():
     def train_step(model, seed):
         g = torch.Generator().manual_seed(seed)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kernels
+from kernels.modes import AttentionSettings
 from kernels.reference import exact_attention
 from launcher.monitors.delta_bias import cosine, layer_delta_bias
 
@@ -44,7 +45,7 @@ def sums(rounding, fix, draws=5):
     for seed in range(draws):
         q, k, v, d_out, x = crafted(seed)
         o = kernels.reference_attention(q, k, v, causal=True, rounding=rounding, fix=fix)
-        out.append(layer_delta_bias(q, k, v, o, d_out, x, "reference", rounding, fix, 2.0, 1e-3)["sum"])
+        out.append(layer_delta_bias(q, k, v, o, d_out, x, "reference", AttentionSettings(rounding=rounding, fix=fix))["sum"])
     return torch.stack(out)  # (draws, heads)
 
 
@@ -69,7 +70,7 @@ def test_exact_attention_matches_sdpa_and_error_is_rank_structured():
     assert torch.allclose(o, ref, atol=1e-10)
     assert torch.allclose(p.sum(-1), torch.ones_like(p.sum(-1)))
     # the W_Q gradient error has the layout of q_proj's rows per head and is zero when delta is exact
-    out = layer_delta_bias(q, k, v, o.to(torch.float32), d_out, x, "sdpa", "fa2", "none", 2.0, 1e-3)
+    out = layer_delta_bias(q, k, v, o.to(torch.float32), d_out, x, "sdpa")
     assert out["error"].shape == (2, 64, 64)
 
 
@@ -78,10 +79,10 @@ def test_successive_errors_of_a_persistent_bias_are_aligned():
     # keep their sign, the rank-1 terms (PK)^T X are shared, so the two W_Q gradient errors point the same way.
     q, k, v, d_out, x = crafted(0)
     o = kernels.reference_attention(q, k, v, causal=True, rounding="paper", fix="none")
-    first = layer_delta_bias(q, k, v, o, d_out, x, "reference", "paper", "none", 2.0, 1e-3)
+    paper = AttentionSettings(rounding="paper")
+    first = layer_delta_bias(q, k, v, o, d_out, x, "reference", paper)
     assert "dwq_cos" not in first
-    second = layer_delta_bias(q, k, v, o, crafted(1)[3], x, "reference", "paper", "none", 2.0, 1e-3,
-                              previous_error=first["error"])
+    second = layer_delta_bias(q, k, v, o, crafted(1)[3], x, "reference", paper, previous_error=first["error"])
     assert second["dwq_cos"].item() > 0.9
     assert (second["dwq_cos_head"] > 0.9).all()
     assert cosine(first["error"].flatten(), -first["error"].flatten(), (0,)).item() == pytest.approx(-1.0)

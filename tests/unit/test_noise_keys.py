@@ -59,9 +59,13 @@ def test_no_keys_means_key_zero_and_rows_are_identified_by_their_keys(seed):
 
 
 def test_plain_configs_build_todays_callable():
-    """delta_gain=1.0 / delta_sign=kept pass nothing new to the kernel; sdpa takes (and ignores) the keywords."""
+    """delta_gain=1.0 / delta_sign=kept give the kernel the mode's own settings (no stress, no keys); sdpa takes (and
+    ignores) the keywords."""
+    from kernels.modes import AttentionSettings
+
     plain = build_attention(AttentionConfig(backend="reference", delta_gain=1.0), torch.device("cpu"))
-    assert not plain.keyed and "delta_gain" not in plain.keywords and "delta_sign" not in plain.keywords
+    assert not plain.keyed and not plain.settings.amplified
+    assert plain.settings == AttentionSettings(backend="reference")
     assert not AttentionConfig().needs_noise_keys
     assert AttentionConfig(delta_sign="random").needs_noise_keys and AttentionConfig(fix="stochastic_output").needs_noise_keys
     q = torch.randn(1, 2, 8, 16)
