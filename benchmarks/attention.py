@@ -1,12 +1,15 @@
-"""Attention speed on the GPU: every rounding x fix mode of the Triton kernel next to torch SDPA (flash, cuDNN).
+"""Attention speed on the GPU: every rounding x fix mode of the kernels next to torch SDPA (flash, cuDNN).
 
-    python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--atomic-dq] [--out FILE.md]
+    python -m benchmarks.attention [--shapes 8,12,1024,64 ...] [--modes fa2/none ...] [--atomic-dq]
+        [--backends triton gluon auto] [--out FILE.md]
 
 Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
 ``triton.testing.do_bench`` (eager: host overhead included) and of ``do_bench_cudagraph`` (the same fwd+bwd replayed
-as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before timing, each mode's output and gradients (with the autotuned configurations)
-are checked against SDPA (relative error of a bf16 kernel, 2e-2 allowed for paper rounding). The Triton kernels are
-autotuned on the first call of every shape.
+as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before timing, each mode's
+output and gradients (with the autotuned configurations) are checked against SDPA (relative error of a bf16 kernel,
+2e-2 allowed for paper rounding). The Triton kernels are autotuned on the first call of every shape; the Gluon
+kernel (``--backends gluon``: by name, fixed tiles) takes the modes it implements and hands the others to the Triton
+kernel, saying so once.
 """
 
 from __future__ import annotations
@@ -144,8 +147,10 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic: bool = True):
         f"custom ops {t_op_step:.3f} ms, eager step host-issue time {host_step:.3f} ms/call; configs {cfg}")
 
 
-def run(shapes, modes, rep_ms, log, atomic_dq: bool = False):
-    """Rows of the table; ``atomic_dq``: each mode also with the atomic (non-deterministic) dQ backward."""
+def run(shapes, modes, rep_ms, log, atomic_dq: bool = False, backends=("triton",)):
+    """Rows of the table; ``atomic_dq``: each mode also with the atomic (non-deterministic) dQ backward;
+    ``backends``: the implementations timed (triton, gluon, auto: kernels.implementation's choice), rows named
+    ``BACKEND MODE`` but for triton's."""
     from torch.nn.attention import SDPBackend
 
     import kernels
@@ -171,12 +176,14 @@ def run(shapes, modes, rep_ms, log, atomic_dq: bool = False):
                 results[name] = measure(fn, q, k, v, d_out, rep_ms)
             except RuntimeError as exc:  # a backend torch cannot run here
                 log(f"{shape} {name}: unavailable ({str(exc).splitlines()[0][:100]})")
-        for mode, deterministic in [(m, d) for m in modes for d in ((True, False) if atomic_dq else (True,))]:
+        for backend, mode, deterministic in [(b, m, d) for b in backends for m in modes
+                                             for d in ((True, False) if atomic_dq else (True,))]:
             rounding, fix = mode.split("/")
             mode = mode if deterministic else mode + ATOMIC
+            mode = mode if backend == "triton" else f"{backend} {mode}"  # the Triton kernel's rows keep their names
             t0 = time.time()
 
-            settings = kernels.AttentionSettings(rounding=rounding, fix=fix, backend="triton",
+            settings = kernels.AttentionSettings(rounding=rounding, fix=fix, backend=backend,
                                                  deterministic=deterministic)
 
             def fn(q, k, v, settings=settings):  # one settings record for every call, as the model holds it
@@ -240,6 +247,9 @@ def main(argv=None) -> int:
     parser.add_argument("--atomic-dq", action="store_true",
                         help="time each mode also with the atomic dQ backward (flash_attention(..., "
                              "deterministic=False); rows named MODE atomic-dQ)")
+    parser.add_argument("--backends", nargs="+", default=["triton"], choices=["triton", "gluon", "auto"],
+                        help="implementations to time (default triton; gluon: the Hopper kernel by name, auto: "
+                             "kernels.implementation's choice)")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     args = parser.parse_args(argv)
     modes = args.modes or _modes()
@@ -253,7 +263,7 @@ def main(argv=None) -> int:
     import triton
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
-    rows = run(args.shapes, modes, args.rep_ms, log, args.atomic_dq)
+    rows = run(args.shapes, modes, args.rep_ms, log, args.atomic_dq, args.backends)
     emit(to_markdown(rows, torch.cuda.get_device_name()), args.out)
     return 0
 

@@ -20,24 +20,47 @@ import importlib
 import torch
 
 from kernels import ops, reference
-from kernels.modes import BACKENDS, DELTA_SIGNS, FIXES, PAPER_BLOCK_KEYS, ROUNDINGS, AttentionSettings
+from kernels.modes import (BACKENDS, DELTA_SIGNS, FIXES, GLUON_AUTO_HEAD_DIMS, PAPER_BLOCK_KEYS, ROUNDINGS,
+                           AttentionSettings, gluon_numerics)
 from kernels.reference import reference_attention
 from kernels.rounding import layer_keys, mix32, row_keys
 
 __all__ = ["ROUNDINGS", "FIXES", "DELTA_SIGNS", "BACKENDS", "PAPER_BLOCK_KEYS", "AttentionSettings", "attention",
-           "implementation", "flash_attention", "reference_attention", "saved_output", "mix32", "row_keys",
+           "implementation", "describe", "flash_attention", "reference_attention", "saved_output", "mix32", "row_keys",
            "layer_keys"]
 
 # The compiled implementations by backend name (module interface: kernels/ops.py); "reference" is kernels.reference.
-_COMPILED = {"triton": "kernels.triton_flash"}
+_COMPILED = {"triton": "kernels.triton_flash", "gluon": "kernels.gluon_flash"}
+_HOPPER: dict = {}  # CUDA device index -> compute capability 9.x
 
 
-def implementation(settings: AttentionSettings, device: torch.device) -> str:
+def _hopper(device: torch.device) -> bool:
+    if device.index not in _HOPPER:
+        _HOPPER[device.index] = torch.cuda.get_device_capability(device)[0] == 9
+    return _HOPPER[device.index]
+
+
+def implementation(settings: AttentionSettings, device: torch.device, head_dim: int | None = None) -> str:
     """The implementation that computes a call with ``settings`` on ``device``: the backend by name, or for
-    backend=auto the Triton kernel on CUDA and the PyTorch reference of the same numerics elsewhere."""
+    backend=auto on CUDA the Gluon kernel where it is the faster one (a Hopper GPU, numerics it implements,
+    head_dim 128: ``modes.GLUON_AUTO_HEAD_DIMS``; None: the head size is not known yet) and the Triton kernel
+    otherwise, and the PyTorch reference of the same numerics elsewhere. A Gluon call it cannot run (strides,
+    dtype) falls back to the Triton kernel inside kernels.gluon_flash, and says so once."""
     if settings.backend != "auto":
         return settings.backend
-    return "triton" if device.type == "cuda" else "reference"
+    if device.type != "cuda":
+        return "reference"
+    if gluon_numerics(settings) and (head_dim is None or head_dim in GLUON_AUTO_HEAD_DIMS) and _hopper(device):
+        return "gluon"
+    return "triton"
+
+
+def describe(name: str, settings: AttentionSettings) -> str:
+    """What ``implementation`` 's answer runs, for the run's banner: the Gluon backend's backward is the Triton
+    kernel's under backend=auto with deterministic=true (the faster deterministic backward, kernels/gluon_flash.py)."""
+    if name == "gluon" and settings.backend == "auto" and settings.deterministic:
+        return "gluon (Gluon forward, the Triton kernel's deterministic backward)"
+    return name
 
 
 def compiled_module(name: str):
@@ -48,7 +71,7 @@ def compiled_module(name: str):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
               noise_keys: torch.Tensor | None = None) -> torch.Tensor:
     """Attention O of (batch, heads, seq, head_dim) q, k, v with ``settings``, differentiable, by the implementation
-    that ``implementation(settings, q.device)`` names. k/v may have fewer heads (grouped-query attention).
+    that ``implementation(settings, q.device, head_dim)`` names. k/v may have fewer heads (grouped-query attention).
     ``noise_keys``: int64 (batch,), one key per batch row (``kernels.rounding.layer_keys``; None: 0 for every row),
     used by fix=stochastic_output and random delta signs only.
 
@@ -56,7 +79,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: Atten
     torch.compile the custom op ``sla_attention::flash_fwd`` (kernels/ops.py). Reference: also FP32 inputs, rounded
     to bf16 first (what BF16 autocast feeds attention), O in FP32 with bf16 values: the CPU training path.
     """
-    name = implementation(settings, q.device)
+    name = implementation(settings, q.device, q.shape[-1])
     if name == "reference":
         return reference.attention(q, k, v, settings, noise_keys)
     return ops.attention(name, q, k, v, settings, noise_keys)
@@ -86,7 +109,7 @@ def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: At
         settings = AttentionSettings(**named)
     elif named:
         settings = dataclasses.replace(settings, **named)
-    name = implementation(settings, q.device)
+    name = implementation(settings, q.device, q.shape[-1])
     if name == "reference":
         return reference.saved_output(q, k, v, settings, noise_keys)
     return ops.saved_output(name, q, k, v, settings, noise_keys)

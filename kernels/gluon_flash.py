@@ -36,11 +36,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.modes import FIX_FP32_OUTPUT, FIX_NONE, FIX_STOCHASTIC, Numerics
+from kernels import triton_flash
+from kernels.modes import GLUON_AUTO_HEAD_DIMS, GLUON_FIXES, GLUON_HEAD_DIMS, FIX_CODE, AttentionSettings, Numerics
 from kernels.triton_flash import _row_hash, _sr_bf16
 
-# Triton 3.9 renamed the TMA copies (3.6-3.8: async_copy_global_to_shared, which 3.9 keeps only to raise an error)
+# Names that moved between the Triton releases pyproject.toml allows: the TMA load (3.9's async_load; before it
+# async_copy_global_to_shared, which 3.9 keeps only to raise an error) and the barrier of a partition's warps
+# (3.6's thread_barrier, 3.7's barrier)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -51,7 +55,9 @@ FWD_BLOCK_N = 128
 FWD_STAGES = {64: 3, 128: 2}  # K/V ring depth per head_dim: shared memory holds Q + 2 x stages x 128 x d bf16
 FWD_CONSUMER_REGS = 240  # registers per thread of a consumer warpgroup (setmaxnreg); the producer gets 24
 FWD_PRODUCER_REGS = 24
-FWD_PINGPONG = True  # the consumers issue their products in turns (FA3's scheduler barrier)
+# The consumers issue their products in turns (FA3's scheduler barrier) when True; measured 1-2% slower than
+# letting the warp schedulers interleave them (device call 4, docs/attention-kernel.md), so off.
+FWD_PINGPONG = False
 FWD_PERSISTENT = 1  # programs per SM of the persistent forward (0: one program per tile)
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
@@ -420,7 +426,7 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
         dst = (pt * (dpt - delta[None, :])).to(dtype)
         ds_smem.store(dst)
         fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' halves of dS^T are in shared memory before dQ's product reads them
+        _barrier()  # both warpgroups' halves of dS^T are in shared memory before dQ's product reads them
         dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
         dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                                use_acc=False, is_async=True)
@@ -470,9 +476,9 @@ def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, B
         seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
         while seen != turn:
             seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-        gl.thread_barrier()
+        _barrier()
         gl.store(ptrs, gl.load(ptrs, mask=ok, other=0.0) + dq_share, mask=ok)
-        gl.thread_barrier()
+        _barrier()
         gl.atomic_add(sem, 1, sem="release", scope="gpu")
     else:
         gl.atomic_add(ptrs, dq_share, mask=ok, sem="relaxed")
@@ -545,8 +551,10 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
 # ----------------------------------------------------------------------------------------------------------------
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-GLUON_FIXES = (FIX_NONE, FIX_FP32_OUTPUT, FIX_STOCHASTIC)
-GLUON_HEAD_DIMS = (64, 128)
+_GLUON_FIX_CODES = tuple(FIX_CODE[f] for f in GLUON_FIXES)
+# With deterministic=true the Gluon backward orders dQ's shares by a per-tile counter; the Triton kernel's own
+# deterministic backward (dQ in its own launch) was faster on the H200 (docs/attention-kernel.md, Speed), so
+# backend=auto uses that one; backend=gluon runs the Gluon one.
 
 
 def _rows_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -575,7 +583,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nm: Numerics)
     inputs, head_dim 64 or 128, and what TMA needs (16-byte aligned base addresses and strides)."""
     if nm.paper:
         return "rounding=paper has its own rounding points (the Triton kernel implements them)"
-    if nm.fix not in GLUON_FIXES:
+    if nm.fix not in _GLUON_FIX_CODES:
         return "the dynamic-maximum fixes shift the softmax maximum per tile (the Triton kernel implements them)"
     if q.device.type != "cuda":
         return "it needs a CUDA GPU"
@@ -613,14 +621,12 @@ def _new(shape, dtype, device, fill: float | None = None) -> torch.Tensor:
     return torch.full(shape, fill, dtype=dtype, device=device)
 
 
-def forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_keys=None, fill: float | None = None):
+def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_keys=None, fill: float | None = None):
     """(O like q, LSE (B, H, T) FP32, the FP32 O where the mode keeps it, else an empty tensor); every tensor
     last-dim contiguous and ``unsupported`` None. Same contract as kernels.triton_flash's forward."""
-    from kernels.triton_flash import _forward_outputs, _keys_arg
-
     bsz, heads, seq, dim = q.shape
-    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, fill)
-    keys = _keys_arg(nm, noise_keys, bsz, q.device)
+    out, lse, o32 = triton_flash._forward_outputs(q, nm.keeps_fp32_output, fill)
+    keys = triton_flash._keys_arg(nm, noise_keys, bsz, q.device)
     half = FWD_BLOCK_M // 2
     work = triton.cdiv(seq, FWD_BLOCK_M) * bsz * heads
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
@@ -633,17 +639,15 @@ def forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_key
     return out, lse, o32
 
 
-def backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
-             head_offset: int = 0, fill: float | None = None, deterministic: bool = True):
+def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
+              head_offset: int = 0, fill: float | None = None, deterministic: bool = True):
     """(dq, dk, dv): delta (kernels.triton_flash's launch: plain or amplified), the fused launch, then dQ scaled
-    and rounded from its FP32 sums; every tensor last-dim contiguous, d_out in q's dtype."""
-    from kernels.triton_flash import _backward_outputs, _delta_launch, dq_finish_launch
-
+    and rounded from its FP32 sums; every tensor last-dim contiguous and TMA-addressable, d_out in q's dtype."""
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
-    delta_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
+    delta_launch, delta = triton_flash._delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
     delta_launch()
-    dq, dk, dv = _backward_outputs(q, k, v, fill)
+    dq, dk, dv = triton_flash._backward_outputs(q, k, v, fill)
     dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
     block_m = BWD_BLOCK_M[dim]
     n_m_total = triton.cdiv(seq, block_m)
@@ -661,5 +665,59 @@ def backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None,
                       ROWS_TMA=rows_tma,
                       PRODUCER_REGS=BWD_PRODUCER_REGS,
                       num_warps=8, maxnreg=MAXNREG)
-    dq_finish_launch(dq32, dq, nm)()
+    triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The compiled-implementation interface (kernels/ops.py): what runs where
+# ----------------------------------------------------------------------------------------------------------------
+
+_SAID: set = set()
+
+
+def _fallback(reason: str) -> None:
+    """Say once per reason that the Triton kernel runs a call the Gluon kernel cannot."""
+    if reason not in _SAID:
+        _SAID.add(reason)
+        print(f"attention: the Gluon kernel cannot run this call ({reason}); the Triton kernel runs it", flush=True)
+
+
+def _gluon_runs(q, k, v, settings: AttentionSettings, nm: Numerics) -> bool:
+    """Whether this call runs the Gluon kernel: it can (``unsupported``), and it was asked for by name, or by
+    backend=auto at a head size where it is the faster kernel."""
+    reason = unsupported(q, k, v, nm)
+    if reason:
+        _fallback(reason)
+        return False
+    return settings.backend == "gluon" or q.shape[-1] in GLUON_AUTO_HEAD_DIMS
+
+
+prepare = triton_flash.prepare  # the same checks (tensors, devices, noise keys) and numerics
+forward_outputs = triton_flash.forward_outputs  # the same allocations: the backward of either kernel takes them
+backward_outputs = triton_flash.backward_outputs
+
+
+def forward(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torch.Tensor | None = None):
+    """(O, LSE, FP32 O or an empty tensor): the Gluon forward, or the Triton kernel's where the Gluon one cannot
+    run the call (its outputs are the same tensors: either backward takes them)."""
+    q, k, v = (triton_flash._last_dim_contiguous(t) for t in (q, k, v))
+    if not _gluon_runs(q, k, v, settings, nm):
+        return triton_flash.forward(q, k, v, settings, nm, noise_keys)
+    return _forward(q, k, v, settings.causal, nm, settings.head_offset, noise_keys, settings.out_fill)
+
+
+def backward(d_out, q, k, v, o_saved, lse, o32, settings: AttentionSettings, nm: Numerics, noise_keys=None):
+    """(dq, dk, dv): the fused Gluon backward, or the Triton kernel's where the Gluon one cannot run the call and,
+    under backend=auto with deterministic=true, where the Triton kernel's deterministic backward is the faster."""
+    q, k, v = (triton_flash._last_dim_contiguous(t) for t in (q, k, v))
+    use = _gluon_runs(q, k, v, settings, nm) and (settings.backend == "gluon" or not settings.deterministic)
+    if not use:
+        return triton_flash.backward(d_out, q, k, v, o_saved, lse, o32, settings, nm, noise_keys)
+    if d_out.dtype != q.dtype:
+        d_out = d_out.to(q.dtype)
+    if unsupported(d_out, d_out, d_out, nm):  # gradients may come with any strides; TMA needs aligned ones
+        d_out = d_out.contiguous()
+    o_saved = triton_flash._last_dim_contiguous(o_saved)
+    return _backward(d_out, q, k, v, o_saved, lse, settings.causal, nm, o32, noise_keys, settings.head_offset,
+                     settings.out_fill, settings.deterministic)

@@ -125,9 +125,22 @@ def paper_block_keys_problem(paper_block_keys) -> str | None:
     return None
 
 
-# What computes a call (kernels.implementation): auto (the Triton kernel on CUDA, the reference elsewhere), or one
-# by name. The sdpa backend of the model's config is torch's own attention, not one of these.
-BACKENDS = ("auto", "triton", "reference")
+# What computes a call (kernels.implementation): auto (on CUDA the Gluon Hopper kernel where it is the faster one,
+# else the Triton kernel; the reference elsewhere), or one by name. The sdpa backend of the model's config is torch's
+# own attention, not one of these.
+BACKENDS = ("auto", "triton", "gluon", "reference")
+
+# The modes kernels/gluon_flash.py implements (those that change only the forward's epilogue or the delta) and the
+# head sizes it takes; head_dim 128 is where it is faster than the Triton kernel (docs/attention-kernel.md, Speed),
+# so backend=auto picks it there only.
+GLUON_FIXES = ("none", "fp32_output", "stochastic_output")
+GLUON_HEAD_DIMS = (64, 128)
+GLUON_AUTO_HEAD_DIMS = (128,)
+
+
+def gluon_numerics(settings) -> bool:
+    """Whether the Gluon kernel implements these settings' numerics (rounding=fa2 with a fix it takes)."""
+    return settings.rounding == "fa2" and settings.fix in GLUON_FIXES
 
 
 def _is_number(x) -> bool:

@@ -567,10 +567,10 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
                         f"({', '.join(map(str, KERNEL_HEAD_DIMS))}); for example set {fix}, or use "
                         "attention.backend=sdpa")
     problems += attention_problems(a, "attention")
-    if a.fix == "stochastic_output" and a.backend == "triton" and config.precision.dtype == "fp32":
-        problems.append("attention.fix=stochastic_output rounds O to BF16 and the Triton kernel takes BF16 inputs; set "
-                        "precision.dtype=bf16 (or auto), or attention.backend=reference (it rounds FP32 inputs to "
-                        "BF16)")
+    if a.fix == "stochastic_output" and a.backend in ("triton", "gluon") and config.precision.dtype == "fp32":
+        problems.append("attention.fix=stochastic_output rounds O to BF16 and the Triton and Gluon kernels take BF16 "
+                        "inputs; set precision.dtype=bf16 (or auto), or attention.backend=reference (it rounds FP32 "
+                        "inputs to BF16)")
     problems += _choice(config.precision.dtype, ("auto", "bf16", "fp32"), "precision.dtype")
     problems += _choice(config.precision.fp8_recipe, ("delayed", "current", "block"), "precision.fp8_recipe")
     if p.tensor_parallel < 1 or p.pipeline_parallel < 1:
@@ -693,9 +693,9 @@ def environment_problems(config: Config) -> list[str]:
     if config.run.device == "cuda" and not cuda:
         problems.append("run.device=cuda but no CUDA GPU is visible; use run.device=auto or cpu")
     on_gpu = cuda and config.run.device != "cpu"
-    if config.attention.backend == "triton" and not on_gpu:
-        problems.append("attention.backend=triton needs a CUDA GPU; use attention.backend=auto (the PyTorch reference "
-                        "of the same numerics on CPU) or reference")
+    if config.attention.backend in ("triton", "gluon") and not on_gpu:
+        problems.append(f"attention.backend={config.attention.backend} needs a CUDA GPU; use attention.backend=auto "
+                        "(the PyTorch reference of the same numerics on CPU) or reference")
     attention = config.attention
     if attention.fix == "stochastic_output" and on_gpu and attention.backend == "auto" \
             and config.precision.dtype == "fp32":

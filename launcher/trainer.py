@@ -40,7 +40,7 @@ from launcher.parallel.engine import Engine, autocast_dtype
 from launcher.parallelize import parallelize
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
-from model import GPT, resolve_backend
+from model import GPT, describe_backend, resolve_backend
 
 
 class StopRequested:
@@ -192,7 +192,7 @@ class Trainer:
         self.schedule = BatchSchedule(self.data, config.run.seed, config.data.seq_len, config.data.global_batch_size,
                                       config.data.micro_batch_size, dims.dp_rank, dims.dp,
                                       config.data.replay_from or None, config.run.max_steps)
-        self.backend = resolve_backend(config.attention, dims.device)
+        self.backend = resolve_backend(config.attention, dims.device, config.model.head_dim)
         model, self.n_params, flops_per_token = build_model(config)
 
         self.store = CheckpointStore(self.run_dir, checkpoint_writer)
@@ -352,7 +352,8 @@ class Trainer:
         """Train to run.max_steps, or until interrupted or stopped by the guard."""
         config, metrics = self.config, self.metrics
         max_steps = config.run.max_steps
-        metrics.print(f"{self.n_params / 1e6:.2f}M parameters | attention {self.backend} "
+        attention = describe_backend(config.attention, self.backend)
+        metrics.print(f"{self.n_params / 1e6:.2f}M parameters | attention {attention} "
                       f"{config.attention.numerics} | {self.dims.describe()} on {self.dims.device.type}, "
                       f"{self.engine.describe()} | {self.schedule.accum_steps} accumulation step(s) | "
                       f"{config.data.global_batch_size * config.data.seq_len:,} tokens/step | logs in {self.run_dir}")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 # attention_fn(q, k, v, *, layer: int = 0, row_keys: Optional[torch.Tensor] = None) -> o
 AttentionFn = Callable[..., torch.Tensor]
 
-BACKENDS = ("auto", "triton", "reference", "sdpa")
+BACKENDS = ("auto", "triton", "gluon", "reference", "sdpa")
 
 
 @dataclass
@@ -31,8 +31,11 @@ class AttentionConfig:
     """Which attention implementation runs and with which rounding numerics."""
 
     backend: str = "auto"
-    """auto (Triton kernel on CUDA, PyTorch reference of the same numerics on CPU), triton, reference, or sdpa
-    (torch's fused attention: production numerics only, rounding=fa2 and fix=none)."""
+    """auto (on a CUDA GPU the Triton kernel, or on a Hopper GPU the Gluon kernel where it is the faster one:
+    head_dim 128, rounding=fa2 with fix none, fp32_output or stochastic_output; on CPU the PyTorch reference of the
+    same numerics), triton, gluon (the Gluon Hopper kernel for every call it can run, the Triton kernel for the
+    others, said once), reference, or sdpa (torch's fused attention: production numerics only, rounding=fa2 and
+    fix=none)."""
     rounding: str = "fa2"
     """Where BF16 rounding happens: fa2 (FP32 scores and accumulator, one final cast, as in FA2/FA3 and SDPA) or
     paper (the authors' rounding points: BF16 scores, per-tile BF16 P_bar V, BF16 running O and row sums)."""
@@ -138,14 +141,23 @@ class KernelAttention:
         return kernels.attention(q, k, v, self.settings, keys)
 
 
-def resolve_backend(config: AttentionConfig, device: torch.device) -> str:
-    """The concrete backend for ``config.backend`` on ``device``: sdpa, or the kernels' choice
-    (``kernels.implementation``: triton on CUDA, reference on CPU for auto)."""
+def resolve_backend(config: AttentionConfig, device: torch.device, head_dim: Optional[int] = None) -> str:
+    """The concrete backend for ``config.backend`` on ``device`` and the model's ``head_dim``: sdpa, or the kernels'
+    choice (``kernels.implementation``; for auto: gluon or triton on CUDA, reference on CPU)."""
     if config.backend == "sdpa":
         return "sdpa"
     import kernels
 
-    return kernels.implementation(attention_settings(config), device)
+    return kernels.implementation(attention_settings(config), device, head_dim)
+
+
+def describe_backend(config: AttentionConfig, backend: str) -> str:
+    """``backend`` (``resolve_backend``'s answer) as the run's banner says it (``kernels.describe``)."""
+    if backend == "sdpa":
+        return backend
+    import kernels
+
+    return kernels.describe(backend, attention_settings(config))
 
 
 def build_attention(config: AttentionConfig, device: torch.device, head_offset: int = 0,

@@ -21,8 +21,8 @@ from kernels.modes import TIE_GAP
 
 
 def kernel_inputs(t: torch.Tensor, backend: str) -> torch.Tensor:
-    """The tensor as the run's attention sees it: the Triton kernel and its reference round FP32 inputs to BF16."""
-    return t.to(torch.bfloat16) if backend in ("triton", "reference") else t
+    """The tensor as the run's attention sees it: the kernels and their reference round FP32 inputs to BF16."""
+    return t.to(torch.bfloat16) if backend in ("triton", "gluon", "reference") else t
 
 
 @torch.no_grad()

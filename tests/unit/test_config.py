@@ -82,7 +82,7 @@ def test_arm_override_from_cli():
     (["attention.backend=sdpa", "arms.baseline.attention.rounding=fa2", "arms.baseline.attention.fix=stochastic_output"],
      "fix=stochastic_output needs attention.backend"),
     (["attention.backend=triton", "precision.dtype=fp32", "arms.baseline.attention.fix=stochastic_output"],
-     "the Triton kernel takes BF16 inputs; set precision.dtype=bf16"),
+     "the Triton and Gluon kernels take BF16 inputs; set precision.dtype=bf16"),
     (["lr=3"], "needs a section and a field"),
     (["optim.lr"], "not of the form"),
 ])

@@ -17,37 +17,18 @@ import triton
 
 import kernels
 from kernels import gluon_flash as gf
-from kernels import triton_flash as tf
-from kernels.modes import FIX_FP32_OUTPUT, check_args
+from kernels.modes import AttentionSettings
 from tests.attention_common import fp64_out_and_grads, rel_err
 
 NAN = float("nan")
 
 
-class GluonAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, fix, deterministic, fill):
-        nm = check_args(q, k, v, "fa2", fix, 2.0, 1e-3, (torch.bfloat16, torch.float16))
-        reason = gf.unsupported(q, k, v, nm)
-        if reason:
-            raise RuntimeError(reason)
-        out, lse, o32 = gf.forward(q, k, v, causal, nm, fill=fill)
-        ctx.save_for_backward(q, k, v, o32 if nm.fix == FIX_FP32_OUTPUT else out, lse)
-        ctx.args = (causal, nm, deterministic, fill)
-        ctx.lse = lse
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, o_saved, lse = ctx.saved_tensors
-        causal, nm, deterministic, fill = ctx.args
-        d_out = d_out.contiguous() if gf.unsupported(d_out, d_out, d_out, nm) else d_out
-        dq, dk, dv = gf.backward(d_out, q, k, v, o_saved, lse, causal, nm, fill=fill, deterministic=deterministic)
-        return dq, dk, dv, None, None, None, None
-
-
 def gluon(q, k, v, causal=True, fix="none", deterministic=True, fill=None):
-    return GluonAttention.apply(q, k, v, causal, fix, deterministic, fill)
+    """The Gluon kernel by name (kernels.attention with backend=gluon). Calls 1-4 of this session ran an earlier
+    form of this function that called kernels.gluon_flash's launches through an autograd.Function of its own, before
+    the kernel was wired into kernels.attention; the launches are the same."""
+    settings = AttentionSettings(causal=causal, fix=fix, backend="gluon", deterministic=deterministic, out_fill=fill)
+    return kernels.attention(q, k, v, settings)
 
 
 def grads_of(fn, q, k, v, d_out, **kw):

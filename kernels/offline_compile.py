@@ -1,0 +1,126 @@
+"""Compile the Gluon Hopper kernels for sm_90 without a GPU: the PTX and machine code a GPU would run.
+
+    python -m kernels.offline_compile [--quick] [--out DIR]
+
+CI runs it (tests/integration/test_offline_compile.py) under whatever Triton pyproject.toml lets pip install, so a
+release that changes Gluon's API fails there rather than on a user's first GPU run; developers use it to read the
+instruction mix (wgmma, TMA copies, register reallocation, spills) before spending device time. Triton compiles to
+PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
+(the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
+stochastic_output (the Triton kernel's hash helpers called from Gluon), backward with both dQ orders, head_dim 64 and
+128; ``--quick``: one configuration of each code path, what CI compiles) with its PTX instruction counts; exit status
+1 if one does not compile.
+
+It drives Triton's own launch path up to the compile call (binding, specialisation, options) with CPU tensors in
+place of GPU ones; there is no public API for compiling a kernel for another machine's GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TARGET = ("cuda", 90, 32)  # backend, compute capability (sm_90: H100, H200), warp size
+COUNTED = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier.try_wait", "atom.global", "ld.local")
+
+
+def compile_for_target(fn, args: tuple, kwargs: dict, target=None):
+    """Compile the JIT function ``fn`` (Triton or Gluon) for ``target`` (default sm_90) as a launch with these
+    arguments would, without launching it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = target or GPUTarget(*TARGET)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    if fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler.compiler import ASTSource as Source
+    return triton.compile(Source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+QUICK = ("forward d128 fp32_output", "forward d64 stochastic_output", "backward d128 deterministic",
+         "backward d64 atomic dQ")
+
+
+def configurations(quick: bool = False):
+    """(name, kernel, args, kwargs) of the launches kernels.gluon_flash makes, on CPU tensors of the model's layout
+    ((B, T, H, D) seen as (B, H, T, D)), T a multiple of 4 (the backward's TMA row vectors) and not of the tiles."""
+    from kernels import gluon_flash as gf
+
+    out = []
+    b, h, t = 2, 4, 1000
+    for dim in gf.GLUON_HEAD_DIMS:
+        q, k, v, o = (torch.empty(b, t, h, dim, dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
+        o32 = torch.empty(b, h, t, dim)
+        lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
+        keys = torch.zeros(b, dtype=torch.int64)
+        for fix, store_o32 in ((0, False), (3, True), (4, False)):  # none, fp32_output, stochastic_output
+            args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
+                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, *o.stride()[:3], h, 1, t, b * h, 0,
+                    0.18)
+            kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
+                          PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
+            fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
+            out.append((f"forward d{dim} {fix_name}", gf._fwd_kernel, args, kwargs))
+        block_m = gf.BWD_BLOCK_M[dim]
+        dq32 = torch.empty(b, h, t, dim)
+        sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        for deterministic in (True, False):
+            args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
+                    gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
+                    gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m), dq32, sem,
+                    dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
+            kwargs = dict(CAUSAL=True, DETERMINISTIC=deterministic, STAGES=gf.BWD_STAGES,
+                          OVERLAP_DQ=gf.BWD_OVERLAP_DQ[dim], ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
+                          num_warps=8, maxnreg=gf.MAXNREG)
+            out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
+                        kwargs))
+    return [c for c in out if c[0] in QUICK] if quick else out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.offline_compile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one configuration per code path (CI)")
+    parser.add_argument("--out", type=Path, default=None, help="also write each configuration's PTX into this folder")
+    args = parser.parse_args(argv)
+    import triton
+
+    try:
+        configs = configurations(args.quick)
+    except ImportError as exc:  # a Triton without Gluon's Hopper module
+        print(f"offline_compile: this Triton ({triton.__version__}) cannot import the Gluon kernels: {exc}",
+              file=sys.stderr)
+        return 1
+    print(f"triton {triton.__version__}, target sm_{TARGET[1]}: {len(configs)} kernel configurations", flush=True)
+    failed = 0
+    for name, fn, fn_args, kwargs in configs:
+        t0 = time.perf_counter()
+        try:
+            ptx = compile_for_target(fn, fn_args, kwargs).asm["ptx"]
+        except Exception as exc:  # report every configuration, not only the first that fails
+            failed += 1
+            print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
+            continue
+        counts = ", ".join(f"{op} {len(re.findall(re.escape(op), ptx))}" for op in COUNTED)
+        print(f"ok      {name} ({time.perf_counter() - t0:.1f} s): {counts}", flush=True)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / (name.replace(" ", "_") + ".ptx")).write_text(ptx)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

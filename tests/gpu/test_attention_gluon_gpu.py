@@ -1,0 +1,141 @@
+"""The Gluon Hopper kernel (kernels/gluon_flash.py) on an sm_90 GPU: every mode it takes against the reference and
+fp64, forward and backward, ragged tails, grouped-query heads, both dQ orders, eager and compiled, the fallback to
+the Triton kernel, and backend=auto's choice.
+
+Run on an H100/H200: ``python -m pytest tests/gpu/test_attention_gluon_gpu.py``. Skipped without a Hopper GPU.
+
+Tolerances follow from the summation order. The forward sums 128-key tiles, so it is compared with the reference at
+block_n=128 (the same tiles: only the MMA's internal order and the GPU's approximate exp2 differ, as for the Triton
+kernel at 64, tests/gpu/test_attention_gpu.py); the backward adds dQ's shares per 128-key tile in an FP32 buffer
+(the reference and the Triton kernel sum them inside one accumulator), so its gradients are held to the Triton
+kernel's error against fp64, not to its bits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                 reason="needs a Hopper (sm_90) GPU")]
+
+import kernels  # noqa: E402
+from kernels.modes import GLUON_FIXES, AttentionSettings  # noqa: E402
+from tests.attention_common import NAN, fp64_out_and_grads, rel_err  # noqa: E402
+
+
+def gluon(q, k, v, causal=True, fix="none", deterministic=True, **named):
+    settings = AttentionSettings(causal=causal, fix=fix, backend="gluon", deterministic=deterministic,
+                                 out_fill=NAN, **named)
+    return kernels.attention(q, k, v, settings)
+
+
+def model_layout(batch, heads, kv_heads, seq, dim, dtype=torch.bfloat16):
+    """q, k, v as the model makes them: (B, T, H, D) projections seen as (B, H, T, D); dO contiguous."""
+    q = torch.randn(batch, seq, heads, dim, device="cuda").to(dtype).transpose(1, 2)
+    k, v = (torch.randn(batch, seq, kv_heads, dim, device="cuda").to(dtype).transpose(1, 2) for _ in range(2))
+    return q, k, v, torch.randn(batch, heads, seq, dim, device="cuda").to(dtype)
+
+
+def out_and_grads(fn, q, k, v, d_out, **kw):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, **kw)
+    out.backward(d_out)
+    return out.detach(), [t.grad for t in leaves]
+
+
+CASES = ([(fix, torch.bfloat16, True, d) for fix in GLUON_FIXES for d in (64, 128)]
+         + [("none", torch.float16, True, 64), ("fp32_output", torch.bfloat16, False, 128)])
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered-dQ", "atomic-dQ"])
+@pytest.mark.parametrize("fix,dtype,causal,head_dim", CASES,
+                         ids=[f"{f}-{str(t)[6:]}-{'causal' if c else 'full'}-d{d}" for f, t, c, d in CASES])
+def test_gluon_matches_reference_and_fp64(fix, dtype, causal, head_dim, deterministic, seed):
+    seq = int(torch.randint(130, 700, (1,)))  # ragged: rarely a multiple of the 128-row and -key tiles
+    q, k, v, d_out = model_layout(2, 4, 2, seq, head_dim, dtype)  # 2 q heads per k/v head
+    msg = f"seed={seed} seq={seq}"
+    out, grads = out_and_grads(gluon, q, k, v, d_out, causal=causal, fix=fix, deterministic=deterministic)
+    assert out.dtype == dtype and torch.isfinite(out).all(), msg
+    assert all(torch.isfinite(g).all() for g in grads), f"{msg}: a gradient element no launch wrote"
+    ref = kernels.reference_attention(q, k, v, causal, "fa2", fix, block_n=128)
+    assert (out != ref).float().mean() < 0.05, f"{msg}: too many elements differ from the reference"
+    assert rel_err(out, ref) < torch.finfo(dtype).eps / 2, msg
+    t_out, t_grads = out_and_grads(kernels.flash_attention, q, k, v, d_out, causal=causal, fix=fix, autotune=False)
+    exact_out, exact_grads = fp64_out_and_grads(q, k, v, d_out, causal)
+    assert rel_err(out, exact_out) < 1.1 * rel_err(t_out, exact_out) + 1e-5, msg
+    for name, g, tg, eg in zip("qkv", grads, t_grads, exact_grads):
+        assert rel_err(g, eg) < 1.1 * rel_err(tg, eg) + 1e-5, f"{msg}: d{name}"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_ordered_dq_is_bit_reproducible_and_atomics_agree(head_dim, seed):
+    """deterministic=true: dQ's shares added in a fixed order (a counter per query tile), the same bits every run;
+    the atomic order's dQ is the same FP32 sum in another order (nearly every element equal), dK and dV identical."""
+    q, k, v, d_out = model_layout(2, 4, 4, 1000, head_dim)
+    first = out_and_grads(gluon, q, k, v, d_out)[1]
+    again = out_and_grads(gluon, q, k, v, d_out)[1]
+    assert all(torch.equal(a, b) for a, b in zip(first, again)), f"seed={seed}"
+    atomic = out_and_grads(gluon, q, k, v, d_out, deterministic=False)[1]
+    assert torch.equal(atomic[1], first[1]) and torch.equal(atomic[2], first[2]), f"seed={seed}: dk, dv"
+    assert (atomic[0] != first[0]).float().mean() < 0.05, f"seed={seed}"
+    assert rel_err(atomic[0], first[0]) < torch.finfo(torch.bfloat16).eps, f"seed={seed}"
+
+
+def test_delta_stress_and_fp32_output_through_gluon(seed):
+    """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
+    delta, so its gradients are fp32_output's bit for bit; gain 1 with random signs is a finite run."""
+    q, k, v, d_out = model_layout(1, 4, 4, 512, 128)
+    fixed = out_and_grads(gluon, q, k, v, d_out, fix="fp32_output")[1]
+    gain0 = out_and_grads(gluon, q, k, v, d_out, delta_gain=0.0)[1]
+    assert all(torch.equal(a, b) for a, b in zip(fixed, gain0)), f"seed={seed}"
+    keys = torch.arange(1, 2, device="cuda", dtype=torch.int64)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    settings = AttentionSettings(backend="gluon", delta_gain=5.0, delta_sign="random", out_fill=NAN)
+    kernels.attention(*leaves, settings, keys).backward(d_out)
+    assert all(torch.isfinite(t.grad).all() for t in leaves), f"seed={seed}"
+
+
+def test_compiled_equals_eager():
+    """torch.compile takes the custom-op route (kernels/ops.py) to the same launches: the same bits."""
+    q, k, v, d_out = model_layout(2, 4, 4, 512, 128)
+    settings = AttentionSettings(backend="gluon", fix="fp32_output")
+
+    def step(q, k, v):
+        return kernels.attention(q * 1.0, k, v, settings)
+
+    eager, e_grads = out_and_grads(step, q, k, v, d_out)
+    compiled, c_grads = out_and_grads(torch.compile(step, fullgraph=True), q, k, v, d_out)
+    assert torch.equal(eager, compiled)
+    assert all(torch.equal(a, b) for a, b in zip(e_grads, c_grads))
+
+
+def test_saved_output_is_the_fp32_o_of_the_forward():
+    """The delta-bias monitor's O (kernels.saved_output with the run's settings) is the forward's FP32 O."""
+    q, k, v, _ = model_layout(1, 2, 2, 300, 128)
+    settings = AttentionSettings(backend="gluon", fix="fp32_output")
+    from kernels import gluon_flash
+
+    nm = gluon_flash.prepare(q, k, v, settings)
+    _, _, o32 = gluon_flash.forward(q, k, v, settings, nm)
+    assert torch.equal(kernels.saved_output(q, k, v, settings), o32)
+
+
+def test_calls_it_cannot_run_go_to_the_triton_kernel_and_say_so_once(capsys):
+    q, k, v, _ = model_layout(1, 2, 2, 256, 32)  # head_dim 32: not one the Gluon kernel takes
+    out = gluon(q, k, v)
+    assert torch.equal(out, kernels.flash_attention(q, k, v, out_fill=NAN))
+    gluon(q, k, v)
+    said = capsys.readouterr().out
+    assert said.count("the Triton kernel runs it") == 1 and "head_dim 32" in said, said
+
+
+def test_auto_picks_gluon_where_it_is_the_faster_kernel():
+    device = torch.device("cuda")
+    auto = AttentionSettings()
+    assert kernels.implementation(auto, device, 128) == "gluon"
+    assert kernels.implementation(auto, device, 64) == "triton"
+    assert kernels.implementation(AttentionSettings(fix="dynamic_max"), device, 128) == "triton"
+    assert kernels.implementation(AttentionSettings(rounding="paper"), device, 128) == "triton"
+    assert kernels.describe("gluon", auto) == "gluon (Gluon forward, the Triton kernel's deterministic backward)"

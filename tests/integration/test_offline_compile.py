@@ -1,0 +1,22 @@
+"""The Gluon Hopper kernels compile for sm_90 under the installed Triton, on a machine without a GPU: CI's guard
+against a Triton release that changes Gluon's API (kernels/offline_compile.py). A fresh Triton cache, so that every
+configuration is compiled, not read back."""
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_gluon_kernels_compile_for_sm90(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+           "HOME": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-m", "kernels.offline_compile", "--quick", "--out", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAILED"))]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(lines) == 4 and all(line.startswith("ok") for line in lines), proc.stdout
+    for name in ("forward_d128_fp32_output", "backward_d128_deterministic"):
+        ptx = (tmp_path / f"{name}.ptx").read_text()
+        # what makes them Hopper kernels: asynchronous warpgroup MMAs, TMA copies, per-partition register budgets
+        assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx, name
