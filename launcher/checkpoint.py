@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
@@ -227,6 +228,20 @@ class CheckpointStore:
             step = _step_of(path)
             if step is not None and step < oldest_kept:
                 path.unlink()
+
+    def keep(self, step: int, label: str) -> Path:
+        """Keep step ``step``'s checkpoint outside the two-kept rotation as ``<label>_step_XXXXXXXX.pt`` (with its
+        checksum file; hard links where the file system allows, else copies). Pruning never touches these;
+        launcher.probe_checkpoint reads them like any checkpoint."""
+        source = self.dir / f"step_{step:08d}.pt"
+        kept = self.dir / f"{label}_{source.name}"
+        for src, dst in ((self._sum_file(source), self._sum_file(kept)), (source, kept)):
+            dst.unlink(missing_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+        return kept
 
     def load(self, path: Path) -> dict:
         # mmap: each rank reads only the slices it copies out, not the whole file into memory.

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import yaml
 
 from kernels.modes import DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
+from launcher.monitors.warning import SIGNALS as WARNING_SIGNALS  # monitor.warning_<signal> thresholds
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
@@ -164,6 +165,18 @@ class MonitorConfig:
     """Keep iterating (up to 8x power_iterations) while the estimate still rises by more than this per step."""
     delta_bias_layers: Optional[list[int]] = None
     """Layers whose delta bias is measured; null means all layers."""
+    qk_update: bool = True
+    """At every spectral call, the spectral entropy, stable rank and norm of the update of each head's query-key
+    product W_Q,h^T W_K,h since the previous call, its first- and second-order terms apart (tags qk_update/...;
+    launcher/monitors/qk_update.py). Keeps a copy of the qk_layers' W_Q and W_K (8 d^2 bytes per layer, divided by
+    parallel.tensor_parallel) on the device and in checkpoints."""
+    qk_activation: bool = True
+    """At every probe call, the spectral entropy of the pre-softmax scores of qk_tokens probe tokens per head
+    (tags qk_act/...)."""
+    qk_tokens: int = 64
+    """Probe tokens (evenly spaced over the probe batch, the same at every call) of the qk_activation entropy."""
+    qk_layers: Optional[list[int]] = None
+    """Layers of the qk_update and qk_activation monitors; null means all layers."""
     warning_layer: int = 1
     """Layer (global index) watched by the early warning (tag warning/on; launcher/monitors/warning.py); the paper's
     failing layer is 1. A layer the model does not have turns the warning off."""
@@ -182,6 +195,38 @@ class MonitorConfig:
     """No warning before this step (tie rates and W_Q growth of the first steps and the warmup are not the failure)."""
     warning_patience: int = 2
     """Consecutive monitor steps on which a condition must hold before the warning turns on."""
+    warning_wq_relative: float = 0.0
+    """Warn when warning_layer's W_Q spectral-norm growth over warning_window steps is more than this factor x the
+    median growth of the other layers' W_Q over the same steps; 0 disables (not calibrated yet)."""
+    warning_dwq_cos: float = 0.0
+    """Warn when warning_layer's delta_bias/Lxx/dwq_cos (successive W_Q-gradient errors alike) is above this; 0
+    disables (not calibrated yet). Needs warning_layer in delta_bias_layers."""
+    warning_delta_persistence: float = 0.0
+    """Warn when |sum| / sum|.| of warning_layer's last warning_baseline delta-bias sums (1: one sign throughout) is
+    above this; 0 disables (not calibrated yet). Needs warning_layer in delta_bias_layers."""
+    warning_qk_update_drop: float = 0.0
+    """Warn when some head's first-order Q-K update spectral entropy (qk_update/Lxx/hyy/entropy) of warning_layer
+    falls more than this fraction below its mean over the previous warning_baseline spectral calls; 0 disables (not
+    calibrated yet). Needs qk_update on warning_layer."""
+    warning_qk_update2_drop: float = 0.0
+    """The same drop for the second-order term's spectral entropy (qk_update/Lxx/hyy/entropy2); 0 disables."""
+    warning_qk_srank_drop: float = 0.0
+    """The same drop for the first-order term's stable rank (qk_update/Lxx/hyy/srank); 0 disables."""
+    warning_qk_act_drop: float = 0.0
+    """The same drop for the pre-softmax score spectral entropy (qk_act/Lxx/hyy/entropy, every probe call); 0
+    disables. Needs qk_activation on warning_layer."""
+    warning_baseline: int = 8
+    """Monitor calls in the rolling baseline of the drop signals (warning_qk_*_drop) and in the delta-bias
+    persistence window."""
+    on_warning: str = "log"
+    """What an onset of the early warning does: log (the console line and warning/on only); checkpoint (also save a
+    checkpoint at the onset step and keep it as checkpoints/warning_step_N.pt, outside the two-kept rotation); stop
+    (save, keep it, and end the run with exit status 4 and a one-line reason; SLURM does not requeue it);
+    switch_fix (save, keep it, then train on with attention.fix=switch_fix_to, recorded in changes.yaml with its
+    step; a resume continues with the switched fix). Later onsets after a switch are logged only."""
+    switch_fix_to: str = "fp32_output"
+    """The attention.fix on_warning=switch_fix switches to (fp32_output: delta from an FP32 copy of O, the fix with
+    the widest measured margin, docs/results.md)."""
 
 
 @dataclass
@@ -628,10 +673,7 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
     if mon.spectral_interval < 0 or mon.probe_interval < 0 or mon.probe_batch_size <= 0 or mon.power_iterations <= 0 \
             or mon.power_tolerance < 0:
         problems.append("monitor intervals and power_tolerance must be >= 0, probe_batch_size and power_iterations > 0")
-    if mon.warning_tie_rate < 0 or mon.warning_wq_growth < 0 or mon.warning_window <= 0 or mon.warning_patience < 1 \
-            or mon.warning_layer < 0 or mon.warning_after_step < 0:
-        problems.append("monitor.warning_tie_rate and warning_wq_growth must be >= 0 (0 disables), warning_window > 0, "
-                        "warning_patience >= 1, warning_layer and warning_after_step >= 0")
+    problems += monitor_problems(config)
     for layer in mon.delta_bias_layers or []:
         if not 0 <= layer < m.n_layer:
             problems.append(f"monitor.delta_bias_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
@@ -642,6 +684,62 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems += layout_problems(config, world_size)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+ON_WARNING = ("log", "checkpoint", "stop", "switch_fix")
+
+
+def monitor_problems(config: Config) -> list[str]:
+    """Problems of the monitor section: intervals, the early-warning rule's inputs and what an onset does."""
+    mon, m = config.monitor, config.model
+    problems = []
+    thresholds = {s: getattr(mon, f"warning_{s}") for s in WARNING_SIGNALS}
+    if any(not t >= 0 for t in thresholds.values()) or mon.warning_window <= 0 or mon.warning_patience < 1 \
+            or mon.warning_layer < 0 or mon.warning_after_step < 0 or mon.warning_baseline < 2:
+        problems.append("monitor.warning_<signal> thresholds must be >= 0 (0 disables), warning_window > 0, "
+                        "warning_patience >= 1, warning_baseline >= 2, warning_layer and warning_after_step >= 0")
+    if mon.qk_tokens < 2:
+        problems.append(f"monitor.qk_tokens={mon.qk_tokens} must be >= 2")
+    for layer in mon.qk_layers or []:
+        if not 0 <= layer < m.n_layer:
+            problems.append(f"monitor.qk_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
+    layer = mon.warning_layer
+    needs = {"qk_update_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
+             "qk_update2_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
+             "qk_srank_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
+             "qk_act_drop": ("monitor.qk_activation", mon.qk_activation and mon.probe_interval > 0)}
+    watched = mon.qk_layers is None or layer in mon.qk_layers
+    for signal, (switch, on) in needs.items():
+        if thresholds[signal] > 0 and not (on and watched):
+            problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads {switch} of layer {layer}, which "
+                            f"is off; set {switch}=true with its interval > 0 and monitor.warning_layer in "
+                            f"monitor.qk_layers, or monitor.warning_{signal}=0")
+    delta_on = mon.probe_interval > 0 and (mon.delta_bias_layers is None or layer in mon.delta_bias_layers)
+    for signal in ("dwq_cos", "delta_persistence"):
+        if thresholds[signal] > 0 and not delta_on:
+            problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads the delta bias of layer {layer}, "
+                            f"which is not measured; add {layer} to monitor.delta_bias_layers (and a probe_interval "
+                            f"> 0), or set monitor.warning_{signal}=0")
+    problems += _choice(mon.on_warning, ON_WARNING, "monitor.on_warning")
+    problems += _choice(mon.switch_fix_to, tuple(f for f in FIXES if f != "none"), "monitor.switch_fix_to")
+    if mon.on_warning != "log":
+        active = any(t > 0 for t in thresholds.values()) and layer < m.n_layer \
+            and (mon.spectral_interval > 0 or mon.probe_interval > 0)
+        if not active:
+            problems.append(f"monitor.on_warning={mon.on_warning} acts on the early warning, which is off (every "
+                            "monitor.warning_<signal> is 0, warning_layer is not a layer of the model, or the monitor "
+                            "intervals are 0); set a threshold, or monitor.on_warning=log")
+        if not config.checkpoint.enabled:
+            problems.append(f"monitor.on_warning={mon.on_warning} saves a checkpoint at the onset, but "
+                            "checkpoint.enabled=false; set checkpoint.enabled=true or monitor.on_warning=log")
+    if mon.on_warning == "switch_fix":
+        switched = dataclasses.replace(config.attention, fix=mon.switch_fix_to)
+        problems += [f"monitor.switch_fix_to={mon.switch_fix_to}: {p}" for p in attention_problems(switched, "attention")]
+        if config.parallel.pipeline_parallel > 1 and switched.needs_noise_keys != config.attention.needs_noise_keys:
+            problems.append(f"monitor.switch_fix_to={mon.switch_fix_to} changes whether the attention draws random "
+                            "bits, which a pipeline's layers cannot change mid-run; choose another fix (e.g. "
+                            "fp32_output) or parallel.pipeline_parallel=1")
+    return problems
 
 
 def attention_problems(a: AttentionConfig, where: str) -> list[str]:
@@ -796,13 +894,15 @@ SAFE_CHANGES = (
     "run.max_steps", "run.max_minutes", "run.log_interval", "run.out_dir", "run.experiment", "run.arm",
     "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval", "monitor.probe_interval",
     "checkpoint.interval", "checkpoint.enabled", "data.micro_batch_size", "parallel.*", "arms",
+    "monitor.on_warning", "monitor.switch_fix_to",
 )
 """Fields a resumed run may change without run.allow_changes: they say how long to train, how often to log, evaluate,
 monitor and save, where the outputs go and under which names (a checkpoint copied into another folder), and how the
 same computation is laid out over processes (every layout computes the same steps; docs/parallelism.md).
 run.max_steps is safe because the comparison is made on the effective schedule: with optim.decay_steps=0 the cosine
 ends at run.max_steps, so a new run.max_steps changes the effective optim.decay_steps, and that change is not safe.
-``arms`` holds the other arms' settings; this arm's are in ``attention``. run.allow_changes, run.overwrite and
+``arms`` holds the other arms' settings; this arm's are in ``attention``. What an early-warning onset does
+(monitor.on_warning, switch_fix_to) is safe: a switch it makes is recorded in changes.yaml when it happens. run.allow_changes, run.overwrite and
 checkpoint.resume say how to start and are not compared. Everything else (learning rate, schedule,
 model, data, seed, attention numerics, precision, guard, evaluation batches, ...) changes what is trained or measured."""
 

@@ -75,8 +75,20 @@ def parallelize(model: GPT, config: Config, dims: ParallelDims) -> Part:
 
 def bind_attention(model: GPT, config: Config, dims: ParallelDims) -> None:
     """The configured attention in every layer, with this rank's first global head (head-dependent numerics)."""
+    model.set_attention(_attention(config, dims))
+
+
+def rebind_attention(blocks: dict[int, nn.Module], config: Config, dims: ParallelDims) -> None:
+    """The attention of ``config`` in this rank's ``blocks`` (the engine's, by global layer index) of an already laid
+    out model: what monitor.on_warning=switch_fix does mid-run. The same function as at the start builds it."""
+    attention_fn = _attention(config, dims)
+    for block in blocks.values():
+        block.attn.attention_fn = attention_fn  # through an activation-checkpoint wrapper too (it forwards .attn)
+
+
+def _attention(config: Config, dims: ParallelDims):
     first_head, heads = head_range(config.model.n_head, dims)
-    model.set_attention(build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads))
+    return build_attention(config.attention, dims.device, head_offset=first_head, total_heads=heads)
 
 
 def place(model: GPT, config: Config, dims: ParallelDims) -> Part:

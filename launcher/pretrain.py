@@ -6,6 +6,10 @@ attention numerics. Each arm writes TensorBoard events, checkpoints and its batc
 ``<run.out_dir>/<run.experiment>/<arm>/``; at the end the comparison report of the arms is written
 (``launcher/compare.py``). Ctrl-C or SIGTERM saves a checkpoint at the end of the current step; the same command
 resumes.
+
+Exit status: 0 done; 2 a setting to change (one line says which); 3 the guard stopped an arm (a non-finite loss or
+gradient); 4 the early warning stopped one (monitor.on_warning=stop, launcher/on_warning.py); 130 interrupted (the
+same command resumes). SLURM's batch script requeues none of 2, 3 and 4.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from launcher.checkpoint import HashingWriter
 from launcher.compare import CompareError
 from launcher.config import ConfigError, arm_names, build_config, describe, environment_problems, load_recipe
 from launcher.data import DataError
+from launcher.on_warning import EXIT_STATUS as WARNING_EXIT_STATUS
 from launcher.trainer import train_arm
 
 
@@ -149,7 +154,9 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
             print(f"[summary] {r.arm}: {r.status} at step {r.steps}, {loss}  ({r.run_dir})")
     if any(r.status == "interrupted" for r in results):
         return 130
-    return 3 if any(r.status == "stopped" for r in results) else 0
+    if any(r.status == "stopped" for r in results):
+        return 3
+    return WARNING_EXIT_STATUS if any(r.status == "stopped_by_warning" for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
                              "run folder trained with checkpoint.interval > 0, or a checkpoint file")
     else:
         run_dir, checkpoint = path.resolve().parent.parent, path
-        if checkpoint.parent.name != "checkpoints" or not checkpoint.name.startswith("step_"):
+        if checkpoint.parent.name != "checkpoints" or not checkpoint.name.startswith(("step_", "warning_step_")):
             raise ProbeError(f"{path} is not a checkpoint: expected <run folder>/checkpoints/step_XXXXXXXX.pt")
     problem = CheckpointStore(run_dir).problem(checkpoint)
     if problem:

@@ -37,7 +37,8 @@ from launcher.metrics import Metrics, peak_tflops
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.build import build_engine
 from launcher.parallel.engine import Engine, autocast_dtype
-from launcher.parallelize import parallelize
+from launcher.parallelize import parallelize, rebind_attention
+from launcher import on_warning
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
 from model import GPT, describe_backend, resolve_backend
@@ -77,7 +78,7 @@ class StopRequested:
 @dataclass
 class ArmResult:
     arm: str
-    status: str  # completed | interrupted | stopped (a guard fired)
+    status: str  # completed | interrupted | stopped (a guard fired) | stopped_by_warning (monitor.on_warning=stop)
     steps: int
     last_loss: float
     run_dir: Path
@@ -213,8 +214,13 @@ class Trainer:
             dist.broadcast_object_list(chosen, src=0)  # the logging rank is rank 0
             latest = chosen[0]
         state = self.store.load(latest) if latest is not None else None
+        self.switch: Optional[on_warning.Switch] = None  # an early warning's switch of attention.fix, if any
+        if state is not None:  # a switch made before this checkpoint still holds (launcher/on_warning.py)
+            config, self.switch = on_warning.resume_switch(config, state)
+            self.config = config
         self.changes = self._check_changes(state) if state is not None else {}
         self.metrics_note = ""
+        self._saved_step: Optional[int] = None
         if state is not None:
             check_fits(state, model, dims, latest)
             load_parameters(model, state, dims)
@@ -265,10 +271,14 @@ class Trainer:
         path = self.run_dir / "config.yaml"
         if self.start_step == 0 or not path.is_file():
             path.write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+        log = self.run_dir / "changes.yaml"
+        entries = (yaml.safe_load(log.read_text()) or []) if self.start_step and log.is_file() else []
+        # a resume from an earlier checkpoint redoes the steps after it: their entries no longer describe the run
+        kept = [e for e in entries if on_warning.keeps_entry(e, self.start_step, self.switch)]
+        if kept != entries:
+            log.write_text(yaml.safe_dump(kept, sort_keys=False))
         if self.start_step and self.changes and self.start_step < self.config.run.max_steps:
-            log = self.run_dir / "changes.yaml"
-            entries = (yaml.safe_load(log.read_text()) or []) if log.is_file() else []
-            entries = [e for e in entries if e.get("step", 0) < self.start_step]  # a resume from an earlier step
+            entries = kept
             entries.append({"step": self.start_step, "changes": {k: {"from": a, "to": b}
                                                                   for k, (a, b) in sorted(self.changes.items())}})
             log.write_text(yaml.safe_dump(entries, sort_keys=False))
@@ -345,8 +355,10 @@ class Trainer:
         rngs = distributed.gather_objects(rng_state(), self.dims)
         if training is not None:
             training.update(step=step, guard=self.guard.state_dict(), monitors=monitors, rng=rngs,
-                            layout=self.dims.describe(), config=self.config.to_dict())
+                            layout=self.dims.describe(), config=self.config.to_dict(),
+                            warning_switch=self.switch.to_dict() if self.switch is not None else None)
             self.store.save(step, training)
+        self._saved_step = step
 
     def fit(self) -> ArmResult:
         """Train to run.max_steps, or until interrupted or stopped by the guard."""
@@ -378,6 +390,11 @@ class Trainer:
                     last_loss = result.loss
                     if self.monitors is not None:
                         self.monitors.after_step(step)
+                        stopped = self.act_on_warning(step)
+                        if stopped:
+                            metrics.train_step(step, result.loss, result.lr, result.grad_norm, 1)
+                            status, message = "stopped_by_warning", stopped
+                            break
                     metrics.train_step(step, result.loss, result.lr, result.grad_norm, config.run.log_interval)
                 if config.eval.interval and (step % config.eval.interval == 0 or step == max_steps):
                     metrics.eval_loss(step, self.evaluate())
@@ -385,7 +402,7 @@ class Trainer:
                 time_up = deadline is not None and time.monotonic() >= deadline
                 interrupted = distributed.any_rank(stop.requested or time_up, self.dims)
                 due = config.checkpoint.interval and step % config.checkpoint.interval == 0
-                if config.checkpoint.enabled and (due or interrupted or step == max_steps):
+                if config.checkpoint.enabled and (due or interrupted or step == max_steps) and self._saved_step != step:
                     self.save_checkpoint(step)
                     metrics.restart_clock()
                 if interrupted:
@@ -403,6 +420,38 @@ class Trainer:
         overhead = f", monitors {self.monitors.overhead_s:.1f}s" if self.monitors is not None else ""
         metrics.print(f"{status} at step {step}{overhead}{': ' + message if message else ''}")
         return ArmResult(config.run.arm, status, step, last_loss, self.run_dir, message)
+
+    def act_on_warning(self, step: int) -> Optional[str]:
+        """What monitor.on_warning says to do when the early warning turned on at ``step`` (launcher/on_warning.py);
+        every rank calls it after the monitors. Returns the one-line reason when the run is to stop, else None."""
+        mode = self.config.monitor.on_warning
+        if mode == "log" or not self.monitors.ran_at(step):
+            return None
+        onset = self.monitors.onset_at(step)  # only the logging rank evaluates the rule
+        if not distributed.any_rank(onset is not None, self.dims):
+            return None
+        reason = f"early warning at step {step}: {onset.describe()}" if onset is not None else ""
+        target = self.config.monitor.switch_fix_to
+        if mode == "switch_fix" and self.switch is not None:
+            return None  # switched at an earlier onset: this one is logged only
+        if mode == "switch_fix" and self.config.attention.fix != target:
+            self.switch = on_warning.Switch(step, self.config.attention.fix, target)
+            self.config = on_warning.switched(self.config, target)
+            rebind_attention(self.engine.blocks(), self.config, self.dims)
+            self.monitors.attention_changed(self.config.attention)
+            if self.dims.is_logging_rank:
+                on_warning.record_switch(self.run_dir, self.switch, reason)
+                self.metrics.print(f"switched attention.fix {self.switch.before} -> {target} after step {step} "
+                                   f"(monitor.on_warning=switch_fix; recorded in {self.run_dir / 'changes.yaml'})")
+        elif mode == "switch_fix":
+            self.metrics.print(f"attention.fix is {self.config.attention.fix} already: monitor.on_warning=switch_fix "
+                               "switches nothing at this onset")
+        self.save_checkpoint(step)
+        kept = self.store.keep(step, on_warning.KEPT_LABEL) if self.dims.is_logging_rank else None
+        self.metrics.print(f"checkpoint of the early warning's onset kept: {kept}")
+        if mode == "stop":
+            return f"stopped by the {reason} (monitor.on_warning=stop; checkpoint {kept}; exit status {on_warning.EXIT_STATUS})"
+        return None
 
     def _report_bad_step(self, step: int, result: StepResult) -> None:
         self.metrics.bad_steps(step, self.guard.bad_steps)

@@ -120,7 +120,9 @@ if [[ "$STATUS" != 0 && "$STOP" != time_limit ]] && scontrol show job "$SLURM_JO
 then
   STOP=preempted
 fi
-if [[ "$STOP" =~ ^(time_limit|preempted)$ && "$STATUS" != 0 ]]; then  # (status 0: completed before the signal)
+if [[ "$STATUS" == 4 ]]; then  # the early warning stopped the arm (monitor.on_warning=stop): a verdict, not a fault
+  echo "[slurm] arm $ARM stopped by the early warning (exit status 4): not requeueing; see its last log lines"
+elif [[ "$STOP" =~ ^(time_limit|preempted)$ && "$STATUS" != 0 ]]; then  # (status 0: completed before the signal)
   if (( RESTARTS < MAX_REQUEUES )); then
     echo "[slurm] $STOP: requeueing job $SLURM_JOB_ID (restart $(( RESTARTS + 1 )) of at most $MAX_REQUEUES)"
     scontrol requeue "$SLURM_JOB_ID"

@@ -7,6 +7,11 @@ step:
   attention input X and attention output O; tie rates (whole row; inside one tile of the run's numerics), maximum
   logit and entropy per layer and head (attention_stats.py); the delta bias of ``monitor.delta_bias_layers`` (delta_bias.py).
 
+With ``monitor.qk_update`` the spectral call also measures the spectra of each head's query-key product update since
+the previous spectral call, and with ``monitor.qk_activation`` the probe call the spectral entropy of pre-softmax
+scores of a few probe tokens, on ``monitor.qk_layers`` (qk_update.py). Each rank computes them from the rows of the
+heads it owns (no gather of W_Q or W_K) and the per-head values are gathered like the other per-head statistics.
+
 Both also run at step 1. Tag names come from tags.py. An interval of 0 disables that part; ``delta_bias_layers: []``
 disables the delta-bias monitor alone.
 
@@ -39,8 +44,9 @@ from launcher.parallel.tensor import Shard, gather_full, head_range, shard_of
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_stats, scores
 from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
 from launcher.monitors.probe import ProbeResult, run_probe, run_stage_probe
+from launcher.monitors.qk_update import QKUpdateTracker, activation_entropy, layer_aggregates, token_positions
 from launcher.monitors.spectral import SpectralTracker
-from launcher.monitors.warning import EarlyWarning, WarningRule
+from launcher.monitors.warning import EarlyWarning, Onset, WarningRule
 from model.attention import noise_keys
 
 STATE_VERSION = 2  # 2: per-head state stored for all heads of the model (any tensor-parallel layout can load it)
@@ -120,6 +126,10 @@ class Monitors:
         self.any_delta = bool(wanted)  # under a pipeline, every stage takes part in the backward then
         self.delta_layers = [i for i in wanted if i in self.layers]
         self.tracker = SpectralTracker(mon.power_iterations, tol=mon.power_tolerance)
+        qk_layers = range(self.n_layer) if mon.qk_layers is None else sorted(set(mon.qk_layers))
+        self.qk_layers = [i for i in qk_layers if i in self.layers]
+        self.qk_update = QKUpdateTracker() if mon.qk_update and self.qk_layers else None
+        self.qk_positions = token_positions(*probe_batch[0].shape, mon.qk_tokens) if mon.qk_activation else None
         self.delta_cum: dict[int, torch.Tensor] = {}
         self.prev_error: dict[int, torch.Tensor] = {}
         self._last: dict[str, float] = {}
@@ -129,6 +139,7 @@ class Monitors:
         rule = WarningRule.from_monitor(mon)
         self.warning = EarlyWarning(rule) if rule.enabled and rule.layer < self.n_layer else None
         self._warned = False
+        self._onset: Optional[Onset] = None
 
     # ------------------------------------------------------------------------------------------------------------
     # Trainer-facing API
@@ -141,6 +152,10 @@ class Monitors:
     def last_values(self) -> dict[str, float]:
         """Latest value of every tag logged so far (printed by the guards when a step goes bad)."""
         return dict(self._last)
+
+    def ran_at(self, step: int) -> bool:
+        """Whether some monitor part is due at ``step`` (the same answer on every rank)."""
+        return _due(step, self.spectral_interval) or _due(step, self.probe_interval)
 
     def after_step(self, step: int) -> dict[str, float]:
         """Run whatever is due at optimizer step ``step`` (1-based), log it with global_step=step, return it.
@@ -160,6 +175,10 @@ class Monitors:
             if do_spectral:
                 values.update(self._spectral())
                 values[tags.SPECTRAL_SECONDS] = self._clock(device) - start
+                if self.qk_update is not None:
+                    qk_start = self._clock(device)
+                    values.update(self._qk_update())
+                    values[tags.QK_UPDATE_SECONDS] = self._clock(device) - qk_start
             if do_probe:
                 probe_start = self._clock(device)
                 values.update(self._probe(device))
@@ -188,12 +207,15 @@ class Monitors:
             "overhead_s": self._overhead_s,
             "last_values": dict(self._last),
             "warning": self.warning.state_dict() if self.warning is not None else None,
+            # the last spectral call's W_Q and W_K head blocks, all heads: the next call's update starts from them
+            "qk_previous": {i: tuple(self._all_heads(w).cpu().clone() for w in pair)
+                            for i, pair in sorted((self.qk_update.previous if self.qk_update else {}).items())},
         }
         stages = self._gather_stages(state)
         if stages is None:
             return state
         for other in stages[1:]:
-            for key in ("spectral_vectors", "delta_cum", "prev_error"):
+            for key in ("spectral_vectors", "delta_cum", "prev_error", "qk_previous"):
                 state[key].update(other[key])
         return state
 
@@ -232,15 +254,32 @@ class Monitors:
         self.prev_error = {int(i): t[mine].to(device) for i, t in state["prev_error"].items()}
         self._overhead_s = float(state["overhead_s"])
         self._last = dict(state["last_values"])
+        if self.qk_update is not None:  # absent in checkpoints written before the qk-update monitor
+            self.qk_update.previous = {int(i): (q[mine].to(device), k[mine].to(device))
+                                       for i, (q, k) in state.get("qk_previous", {}).items() if int(i) in self.layers}
         if self.warning is not None and state.get("warning"):  # absent in checkpoints written before the warning
             self.warning.load_state_dict(state["warning"])
             self._warned = self.warning.on
 
+    def attention_changed(self, attention) -> None:
+        """The run's attention section changed mid-run (monitor.on_warning=switch_fix): the delta-bias monitor
+        reconstructs the backward's delta with the new numerics from now on."""
+        self.rounding, self.fix = attention.rounding, attention.fix
+        self.delta_gain, self.delta_sign, self.keyed = attention.delta_gain, attention.delta_sign, \
+            attention.needs_noise_keys
+        self.tie_tile = tie_tile_keys(attention.rounding, attention.paper_block_keys)
+
+    def onset_at(self, step: int) -> Optional[Onset]:
+        """The early warning's onset if it turned on at ``step`` (logging rank; None elsewhere and otherwise)."""
+        return self._onset if self._onset is not None and self._onset.step == step else None
+
     def _warn(self, step: int, values: dict[str, float]) -> dict[str, float]:
         out = self.warning.update(step, values)
         if out.get(tags.WARNING) and not self._warned:  # say it once per onset, on the console too
-            print(f"[monitors] EARLY WARNING at step {step}: {self.warning.rule.describe()} "
-                  "(launcher/monitors/warning.py; thresholds monitor.warning_*)", flush=True)
+            self._onset = self.warning.onset
+            print(f"[monitors] EARLY WARNING at step {step}: {self._onset.describe()} (rule: "
+                  f"{self.warning.rule.describe()}; launcher/monitors/warning.py, thresholds monitor.warning_*)",
+                  flush=True)
         self._warned = bool(out.get(tags.WARNING, self._warned))
         return out
 
@@ -285,6 +324,38 @@ class Monitors:
                 values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[n, j])
         return values.to_dict()
 
+    def _local_weight(self, module: torch.nn.Module) -> torch.Tensor:
+        """This rank's FP32 rows of a linear layer's weight (its heads under tensor parallelism; gathered over data
+        parallel under ZeRO-3), as a copy."""
+        weight = module.weight
+        context = self.engine.gathered([weight]) if self.engine is not None else contextlib.nullcontext()
+        with context:
+            return weight.detach().float().clone()
+
+    @torch.no_grad()
+    def _qk_update(self) -> dict[str, float]:
+        """Spectra of each watched layer's Q-K product update since the previous spectral call (qk_update.py); the
+        first call only stores the weights."""
+        local = {}
+        for i in self.qk_layers:
+            attn = self.layers[i].attn
+            heads = (self.local_heads, self.head_dim, -1)
+            stats = self.qk_update(i, self._local_weight(attn.q_proj).view(heads),
+                                   self._local_weight(attn.k_proj).view(heads))
+            if stats is not None:
+                local.update({(i, stat): v for stat, v in stats.items()})
+        per_head = self._gather_heads(local)
+        values = _Values()
+        for i in self.qk_layers:
+            if (i, tags.QK_UPDATE_STATS[0]) not in per_head:
+                continue
+            layer = {stat: per_head[(i, stat)] for stat in tags.QK_UPDATE_STATS}
+            for stat, value in layer_aggregates(layer).items():
+                values.add(tags.qk_update(i, stat), value)
+            for stat, value in layer.items():
+                values.add_heads(lambda h, i=i, stat=stat: tags.qk_update(i, stat, h), value)
+        return values.to_dict()
+
     def _gather_heads(self, local: dict) -> dict:
         """{key: this rank's per-head (local_heads,) tensor} -> {key: all heads (n_head,) in FP64}, in one collective
         (FP64 with one process too, so that layer aggregates are computed alike under every layout)."""
@@ -315,6 +386,8 @@ class Monitors:
                 s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
                 local.update({(i, stat): v for stat, v in head_stats(s, self.eps, self.tie_tile).items()})
                 del s
+                if self.qk_positions is not None and i in self.qk_layers:
+                    local[(i, "qk_act")] = activation_entropy(cap.q, cap.k, self.qk_positions)
             per_head = self._gather_heads(local)
             for n, i in enumerate(ids):
                 values.add(tags.act(i, "x_rms"), xs[n].pow(2).mean().sqrt())
@@ -326,6 +399,10 @@ class Monitors:
                     values.add(tags.attn(i, stat), value)
                 for stat, value in layer.items():
                     values.add_heads(lambda h, i=i, stat=stat: tags.attn(i, stat, h), value)
+                if (i, "qk_act") in per_head:
+                    entropy = per_head[(i, "qk_act")]
+                    values.add(tags.qk_act(i, "entropy"), entropy.nanmean())
+                    values.add_heads(lambda h, i=i: tags.qk_act(i, "entropy", h), entropy)
         result = values.to_dict()
         if delta_layers:
             start = self._clock(device)

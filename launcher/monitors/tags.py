@@ -13,8 +13,14 @@ Families (see docs/monitoring.md for the meaning of each):
 - ``attn/L01/tie_rate``, ``attn/L01/h08/tie_rate`` (also tile_tie_rate, max_logit, entropy)   attention
   diagnostics
 - ``delta_bias/L01/h08/sum``, ``delta_bias/L01/h08/cum``, ``delta_bias/L01/dwq_cos``   delta-bias monitor
-- ``monitor/spectral_s``, ``monitor/probe_s``, ``monitor/delta_bias_s``   seconds spent per monitor call
-- ``warning/on``, ``warning/wq_growth``   the early-warning rule (launcher/monitors/warning.py)
+- ``qk_update/L01/h08/entropy`` (also srank, norm; entropy2, srank2, norm2 of the second-order term),
+  ``qk_update/L01/entropy``   spectra of the query-key weight-product update between spectral calls (qk_update.py)
+- ``qk_act/L01/h08/entropy``, ``qk_act/L01/entropy``   spectral entropy of pre-softmax scores of sub-sampled probe
+  tokens (qk_update.py)
+- ``monitor/spectral_s``, ``monitor/probe_s``, ``monitor/delta_bias_s``, ``monitor/qk_update_s``   seconds spent
+  per monitor call
+- ``warning/on``, ``warning/<signal>`` (wq_growth, wq_relative, delta_persistence, qk_update_drop, ...)   the
+  early-warning rule and the values of its derived signals (launcher/monitors/warning.py)
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ PER_HEAD_WEIGHTS = ("wq", "wk")
 ACT_STATS = ("x_rms", "x_sv", "o_rms", "o_sv")
 ATTN_STATS = ("tie_rate", "tile_tie_rate", "max_logit", "entropy")
 DELTA_STATS = ("sum", "cum", "dwq_cos")
+# first-order update term D2 (no suffix) and second-order term D3 (suffix 2): launcher/monitors/qk_update.py
+QK_UPDATE_STATS = ("entropy", "srank", "norm", "entropy2", "srank2", "norm2")
+QK_ACT_STATS = ("entropy",)
 
 # Tags written by the trainer (launcher/metrics.py); the comparison reads them too.
 TRAIN_LOSS = "train/loss"
@@ -52,11 +61,17 @@ GUARD_BAD_STEPS = "guard/bad_steps"
 SPECTRAL_SECONDS = "monitor/spectral_s"
 PROBE_SECONDS = "monitor/probe_s"
 DELTA_BIAS_SECONDS = "monitor/delta_bias_s"
+QK_UPDATE_SECONDS = "monitor/qk_update_s"
 
 # Early warning (launcher/monitors/warning.py): 1 while the rule holds, else 0, at every monitor step of
 # monitor.warning_layer; and that layer's largest W_Q head norm over its value monitor.warning_window steps earlier.
 WARNING = "warning/on"
 WARNING_WQ_GROWTH = "warning/wq_growth"
+
+
+def warning_signal(signal: str) -> str:
+    """The value of one derived signal of the early-warning rule (warning.py: SIGNALS), e.g. warning/qk_update_drop."""
+    return f"warning/{signal}"
 
 
 def layer_key(layer: int) -> str:
@@ -100,9 +115,26 @@ def delta_bias(layer: int, stat: str, head: Optional[int] = None) -> str:
     return f"delta_bias/{mid}/{stat}"
 
 
+def qk_update(layer: int, stat: str, head: Optional[int] = None) -> str:
+    """Statistic of the query-key weight-product update of a layer (aggregated over heads) or of one head."""
+    if stat not in QK_UPDATE_STATS:
+        raise ValueError(f"unknown qk-update statistic {stat!r}; one of {', '.join(QK_UPDATE_STATS)}")
+    mid = layer_key(layer) if head is None else f"{layer_key(layer)}/{head_key(head)}"
+    return f"qk_update/{mid}/{stat}"
+
+
+def qk_act(layer: int, stat: str, head: Optional[int] = None) -> str:
+    """Spectral statistic of the pre-softmax scores of sub-sampled probe tokens, of a layer or of one head."""
+    if stat not in QK_ACT_STATS:
+        raise ValueError(f"unknown qk-activation statistic {stat!r}; one of {', '.join(QK_ACT_STATS)}")
+    mid = layer_key(layer) if head is None else f"{layer_key(layer)}/{head_key(head)}"
+    return f"qk_act/{mid}/{stat}"
+
+
 @dataclass(frozen=True)
 class Tag:
-    """A monitor tag taken apart: family (spectral, act, attn, delta_bias), layer, head (or None), stat.
+    """A monitor tag taken apart: family (spectral, act, attn, delta_bias, qk_update, qk_act), layer, head (or None),
+    stat.
 
     For spectral tags ``stat`` is the weight name (wq, wk, ...)."""
 
@@ -113,7 +145,7 @@ class Tag:
 
 
 _SPECTRAL = re.compile(r"^spectral/L(\d+)/([a-z_]+)(?:/h(\d+))?$")
-_OTHER = re.compile(r"^(act|attn|delta_bias)/L(\d+)(?:/h(\d+))?/([a-z_]+)$")
+_OTHER = re.compile(r"^(act|attn|delta_bias|qk_update|qk_act)/L(\d+)(?:/h(\d+))?/([a-z_0-9]+)$")
 
 
 def parse(tag: str) -> Optional[Tag]:

@@ -6,7 +6,7 @@ parallelism (tensor parallel 2 alone, under ZeRO-3 and with the pipeline),
 - the monitors on those identical weights log the single-process tags, with the same values: spectral norms of the
   gathered matrices exactly; every per-head statistic of layer 0 (whose q and k are bit-identical under any layout)
   to 1e-6, which tells the heads apart, so they must come in global head order; the rest within the rounding of the
-  layouts' all-reduces.
+  layouts' all-reduces, including the Q-K update spectra, computed by each rank from its own heads' rows.
 
 Prints one line per layout and check; exits 1 on the first mismatch."""
 
@@ -28,8 +28,16 @@ from model import GPT, build_attention
 
 
 def monitor_values(config, model, probe, dims=None, engine=None) -> dict[str, float]:
+    """The monitors' first call, and the Q-K update statistics of a second spectral call (step 10) measured against
+    a stored W_Q, W_K snapshot moved by the same elementwise function on every layout (the weights themselves stay:
+    ZeRO-3 holds them partitioned), so every layout's update is the same slice of one process's."""
     monitors = Monitors(config, model, probe, None, contextlib.nullcontext, "reference", dims, engine)
-    return {k: v for k, v in monitors.after_step(1).items() if not k.startswith("monitor/")}
+    values = monitors.after_step(1)
+    previous = monitors.qk_update.previous
+    for layer, pair in previous.items():
+        previous[layer] = tuple(w * 0.99 + 1e-3 * torch.sin(1e3 * w) for w in pair)
+    values.update({k: v for k, v in monitors.after_step(10).items() if k.startswith("qk_update/")})
+    return {k: v for k, v in values.items() if not k.startswith("monitor/")}
 
 
 def disagreements(got: dict[str, float], want: dict[str, float], pipeline: bool = False) -> list[str]:

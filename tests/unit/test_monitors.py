@@ -209,6 +209,12 @@ def _expected_tags(config, with_delta_cos):
                                                                 for h in range(H)}
         stats = tags.DELTA_STATS if with_delta_cos else ("sum", "cum")
         names |= {tags.delta_bias(i, s) for s in stats} | {tags.delta_bias(i, s, h) for s in stats for h in range(H)}
+        names |= {tags.qk_act(i, "entropy")} | {tags.qk_act(i, "entropy", h) for h in range(H)}
+        if with_delta_cos:  # a second call: the Q-K update since the first one
+            names |= {tags.qk_update(i, s) for s in tags.QK_UPDATE_STATS}
+            names |= {tags.qk_update(i, s, h) for s in tags.QK_UPDATE_STATS for h in range(H)}
+    if with_delta_cos:
+        names.add(tags.QK_UPDATE_SECONDS)
     if config.monitor.warning_layer < config.model.n_layer:  # the early warning (warning.py) logs its flag
         names.add(tags.WARNING)
     return names
@@ -224,7 +230,11 @@ def test_monitors_log_every_tag_and_leave_the_model_untouched():
         values = monitors.after_step(1)
         assert model.training is training
     assert set(values) == _expected_tags(config, with_delta_cos=True)
-    assert all(math.isfinite(v) for v in values.values())
+    # the weights did not move between the two calls: a zero Q-K update has no spectrum (NaN), only a zero norm
+    spectrum = {t for t in values if t.startswith("qk_update/") and "norm" not in t}
+    assert all(math.isnan(values[t]) for t in spectrum)
+    assert all(values[t] == 0 for t in values if t.startswith("qk_update/") and "norm" in t)
+    assert all(math.isfinite(v) for t, v in values.items() if t not in spectrum)
     # parameter gradients untouched, probes and hooks removed
     assert torch.all(model.blocks[0].attn.q_proj.weight.grad == 7.0)
     assert all(p.grad is None for n, p in model.named_parameters() if n != "blocks.0.attn.q_proj.weight")
