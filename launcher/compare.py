@@ -33,6 +33,7 @@ from typing import Optional
 
 import numpy as np
 
+from launcher import warning_timeline
 from launcher.monitors import tags
 
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -762,8 +763,9 @@ def write_report(experiment_dir, out_dir=None, *, layout: bool = True, quiet: bo
                                 "attention.eps, in the run's score precision. A fix removes the bias ties cause "
                                 "(fp32_output: delta from the FP32 O), not the ties.", "tie rate", "tie_rate"),
                panels.per_layer("max_logit.png", "attn", "max_logit", "maximum attention logit per layer",
-                                "Largest scaled score alpha q.k on the probe batch.", "max logit", "max_logit")]
-    summary = summarize(arms, divergences, crit, grew)
+                                "Largest scaled score alpha q.k on the probe batch.", "max logit", "max_logit"),
+               warning_timeline.panel(arms, out_dir)]
+    summary = summarize(arms, divergences, crit, grew) + "\n" + warning_timeline.summary_lines(arms)
     (out_dir / "summary.txt").write_text(summary + "\n")
     report = out_dir / "report.html"
     report.write_text(_html(f"{experiment_dir.name}: {' vs '.join(names)}", summary, figures, out_dir))

@@ -713,6 +713,9 @@ def prepare(recipe: str, overrides: list[str]) -> tuple[Plan, dict[int, dict], P
     if problem:
         raise ConfigError(problem)
     base = build_config({k: v for k, v in tree.items() if k != "margin"})  # the run sections, before the grid
+    if base.monitor.on_warning == "stop":
+        raise ConfigError("monitor.on_warning=stop would end margin arms at the early warning, before they survive or "
+                          "diverge; use monitor.on_warning=log, checkpoint or switch_fix")
     _check_data(base)
     experiment_dir = Path(base.run.out_dir) / base.run.experiment
     trees = {seed: seed_tree(tree, plan, seed, experiment_dir) for seed in margin.seeds}

@@ -28,7 +28,8 @@ import numpy as np
 
 from launcher.compare import load_scalars, smooth
 from launcher.monitors import tags
-from launcher.monitors.warning import WarningRule, evaluate
+from launcher.monitors.warning import WarningRule, replay
+from launcher.warning_calibration import ARMS_FILE, ArmOutcome, rule_scores, table
 
 STATE_FILE = "margin_state.json"  # the runner's record of judged arms, in the experiment folder
 
@@ -284,7 +285,10 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
     outcomes = {sid: series_outcomes(g, status, bisect) for sid, g in plan.series.items()}
     margins = {sid: margin_of(o) for sid, o in outcomes.items()}
     warn_rule = WarningRule.from_monitor(config.monitor)
-    warnings = {key: evaluate(warn_rule, sc)[0] for key, sc in scalars.items() if sc}
+    replays = {key: replay(warn_rule, sc) for key, sc in scalars.items() if sc}
+    warnings = {key: r.first for key, r in replays.items()}
+    arms = arm_outcomes(plan, status, outcomes, margins, max_steps)
+    (out / ARMS_FILE).write_text(json.dumps([a.to_dict() for a in arms], indent=1))
 
     md = [f"# Margin report: {experiment_dir}", "",
           f"{len(plan.arms)} distinct runs for {sum(len(a.cells) for a in plan.arms.values())} grid cells; "
@@ -321,8 +325,8 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
     md.append("|---|---|---|" + "---|" * len(gains))
     for (numerics, sign, seed), o in outcomes.items():
         md.append(f"| {numerics} | {sign} | {seed} | " + " | ".join(o[g].short() for g in gains) + " |")
-    md += ["", "## Arms", "", "| arm | seed | cells | status | step | reason | early warning | lead / false alarm |",
-           "|---|---|---|---|---|---|---|---|"]
+    md += ["", "## Arms", "", "| arm | seed | cells | status | step | reason | early warning | lead / false alarm | "
+           "which signal, where; numerics |", "|---|---|---|---|---|---|---|---|---|"]
     leads, false_alarms, stable = [], 0, 0
     for key, spec in plan.arms.items():
         st = status.get(key, {})
@@ -339,14 +343,20 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
             stable += 1
             judged = "false alarm" if w is not None else "quiet"
             false_alarms += w is not None
+        onsets = replays[key].onsets if key in replays else []
         md.append(f"| {spec.name} | {spec.seed} | {len(spec.cells)} | {s} | {st.get('step', '')} | "
-                  f"{_cell(st.get('reason', ''))} | {'' if w is None else f'on at {w}'} | {judged} |")
+                  f"{_cell(st.get('reason', ''))} | {'' if w is None else f'on at {w}'} | {judged} | "
+                  f"{_cell(onsets[0].describe(), 400) if onsets else ''} |")
     diverged = sum(1 for st in status.values() if st.get("status") == "diverged")
     warn_line = (f"Early warning ({warn_rule.describe()}; thresholds monitor.warning_*, calibrated on one margin grid: docs/results.md): warned before "
                  f"divergence on {len(leads)} of {diverged} diverged arms"
                  + (f" (lead time median {int(np.median(leads))} steps, min {min(leads)}, max {max(leads)})"
                     if leads else "") + f"; false alarms on {false_alarms} of {stable} stable arms.")
-    md += ["", "## Early warning", "", warn_line, ""]
+    md += ["", "## Early warning", "", warn_line, "",
+           "Per rule (each enabled signal alone at its threshold, then the rule; 'in time': lead >= min(300, 25% of "
+           "the steps to divergence); the calibration on other grids: python -m launcher.warning_calibration):", ""]
+    md += table(rule_scores(warn_rule, {k: r for k, r in replays.items() if k in {a.key for a in arms}}, arms))
+    md += [""]
     measured = _measured_costs(scalars)
     if measured:
         md += ["## Measured (to calibrate the estimate)", "", measured, ""]
@@ -392,8 +402,32 @@ def _mtext(margin: Optional[Margin]) -> str:
     return margin.text() + (" (implied)" if margin.implied else "")
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "/")[:160]
+def _cell(text: str, limit: int = 160) -> str:
+    return str(text).replace("|", "/")[:limit]
+
+
+def arm_outcomes(plan, status: dict, outcomes: dict, margins: dict, max_steps: int) -> list[ArmOutcome]:
+    """The judged arms (diverged or survived) as the warning calibration reads them (margin_report/arms.json); an arm
+    is 'below the margin' when it survived at the gain just below its series' smallest diverging gain."""
+    below = set()
+    for sid, gains in plan.series.items():
+        smallest = margins[sid].smallest_diverged
+        ordered = [g for g, _ in gains]
+        if smallest is None or ordered.index(smallest) == 0:
+            continue
+        gain, key = gains[ordered.index(smallest) - 1]
+        if outcomes[sid][gain].status == "survived" and outcomes[sid][gain].observed:
+            below.add(key)
+    arms = []
+    for key, spec in plan.arms.items():
+        st = status.get(key, {})
+        if st.get("status") not in ("diverged", "survived"):
+            continue
+        cell = spec.cells[0]
+        one = len(spec.cells) == 1
+        arms.append(ArmOutcome(key, cell.numerics, cell.gain if one else None, cell.sign if one else None, spec.seed,
+                               st["status"], int(st.get("step") or max_steps), key in below))
+    return arms
 
 
 def _measured_costs(scalars: dict) -> str:
@@ -427,6 +461,16 @@ def max_wq_head(sc: dict, layer: int = 1):
     return steps, values
 
 
+def lowest_head(sc: dict, family: str, stat: str, layer: int = 1):
+    """(steps, lowest value over heads) of a per-head statistic (e.g. qk_update entropy) of ``layer``, or None."""
+    heads = [sc[t] for t in sc if (p := tags.parse(t)) and p.family == family and p.stat == stat
+             and p.layer == layer and p.head is not None]
+    if not heads:
+        return None
+    steps = heads[0][0]
+    return steps, np.nanmin(np.stack([h[1][:len(steps)] for h in heads if len(h[1]) >= len(steps)]), axis=0)
+
+
 def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list[tuple[str, str]]:
     import matplotlib
 
@@ -445,12 +489,14 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
         refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/fp32_output"
                 and scalars.get(k) and k not in keys]
         name = f"curves_{numerics.replace('/', '-')}.png"
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+        fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
         # scale: None linear, "log" (W_Q norms are > 0), "symlog" (tie rates from 1% to ~40%, and 0 stays visible)
         panels = [("train loss (nats)", lambda sc: sc.get(tags.TRAIN_LOSS), None),
                   ("L01 largest W_Q head spectral norm", lambda sc: max_wq_head(sc, 1), "log"),
                   ("L01 tie rate (probe batch; linear below 0.001)", lambda sc: sc.get(tags.attn(1, "tie_rate")),
-                   "symlog")]
+                   "symlog"),
+                  ("L01 Q-K update spectral entropy, first order (lowest head)",
+                   lambda sc: lowest_head(sc, "qk_update", "entropy"), None)]
         for ax, (title, get, log) in zip(axes, panels):
             for key in refs + keys:
                 spec = plan.arms[key]
@@ -499,7 +545,8 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
-        figures.append((name, f"{numerics}: loss, layer 1's largest W_Q head norm and tie rate per arm"))
+        figures.append((name, f"{numerics}: loss, layer 1's largest W_Q head norm, tie rate and Q-K update entropy "
+                              "per arm"))
     return figures
 
 
