@@ -348,7 +348,7 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
                   f"{_cell(st.get('reason', ''))} | {'' if w is None else f'on at {w}'} | {judged} | "
                   f"{_cell(onsets[0].describe(), 400) if onsets else ''} |")
     diverged = sum(1 for st in status.values() if st.get("status") == "diverged")
-    warn_line = (f"Early warning ({warn_rule.describe()}; thresholds monitor.warning_*, calibrated on one margin grid: docs/results.md): warned before "
+    warn_line = (f"Early warning ({warn_rule.describe()}; thresholds monitor.warning_*): warned before "
                  f"divergence on {len(leads)} of {diverged} diverged arms"
                  + (f" (lead time median {int(np.median(leads))} steps, min {min(leads)}, max {max(leads)})"
                     if leads else "") + f"; false alarms on {false_alarms} of {stable} stable arms.")

@@ -10,7 +10,8 @@ logged series of each arm are replayed through the live rule's code (``warning.r
 threshold is chosen on the calibration arms: among the thresholds whose false alarms stay within
 ``--max-false-alarms`` of the stable arms, the one that warns the most diverging arms in time (lead >= the target
 lead, below) in the worse of the two roundings, then the most in all, then the fewest false alarms, then the longest
-median lead. The chosen threshold is then applied, unchanged, to the held-out arms. The rule's other fields
+median lead; each threshold tried sits in the middle between two arms' largest firing values, so the choice keeps
+the widest margin to the arms on either side. The chosen threshold is then applied, unchanged, to the held-out arms. The rule's other fields
 (layer, patience, after_step, window, baseline) come from the overrides (defaults: MonitorConfig's).
 
 Reported per signal, for both sets (:class:`Score`): diverging arms warned before they diverged, for paper and fa2
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -207,11 +209,12 @@ def _largest_firing(readings: list, measured: list[int], rule: WarningRule) -> O
 
 
 def candidates(replays: dict[str, Replay], signal: str, rule: WarningRule) -> list[float]:
-    """Thresholds worth trying: just below each arm's largest firing threshold (each one changes the outcome)."""
+    """Thresholds worth trying: the outcome changes only where a threshold passes some arm's largest firing
+    threshold, so one threshold per interval between them, in its middle (the widest margin on both sides)."""
     tops = sorted({t for r in replays.values()
                    if (t := _largest_firing(r.readings[signal], r.measured[signal], rule)) is not None
-                   and math.isfinite(t)})
-    return [t - 1e-9 * max(1.0, abs(t)) for t in tops]
+                   and math.isfinite(t) and t > 0})
+    return ([tops[0] / 2] if tops else []) + [(a + b) / 2 for a, b in zip(tops, tops[1:])]
 
 
 def choose(replays: dict[str, Replay], arms: list[ArmOutcome], signal: str, rule: WarningRule,
@@ -286,6 +289,7 @@ class Calibrated:
     threshold: Optional[float]
     calibration: Score
     holdout: Score
+    logged: bool = True  # the calibration arms logged what the signal reads
 
 
 def calibrate(cal: tuple[list, dict], held: tuple[list, dict], rule: WarningRule,
@@ -297,7 +301,8 @@ def calibrate(cal: tuple[list, dict], held: tuple[list, dict], rule: WarningRule
     for signal in SIGNALS:
         picked = choose(cal_replays, cal_arms, signal, rule, max_false_alarms)
         if picked is None:
-            out.append(Calibrated(signal, None, Score.of(cal_arms, {}), Score.of(held_arms, {})))
+            logged = any(r.readings[signal] for r in cal_replays.values())
+            out.append(Calibrated(signal, None, Score.of(cal_arms, {}), Score.of(held_arms, {}), logged))
             continue
         threshold, score = picked
         chosen[signal] = threshold
@@ -352,10 +357,10 @@ def _figure(signal: str, threshold: Optional[float], sets: list[tuple[str, list,
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel(signal)
-    fig.suptitle(f"{signal} ({SIGNALS[signal]}) of {tags.layer_key(rule.layer)}: "
-                 "red diverged (dotted: its step), orange one gain below the margin, blue stable; dashed random "
-                 f"sign; black: threshold {threshold if threshold is not None else 'none'}; grey: warning_after_step",
-                 fontsize=8)
+    chosen = f"{threshold:.4g}" if threshold is not None else "none"
+    fig.suptitle(f"{signal} of {tags.layer_key(rule.layer)}: {SIGNALS[signal]}\nred diverged (dotted: its step), "
+                 "orange one gain below the margin, blue stable; dashed: random sign; black: the threshold chosen "
+                 f"({chosen}); grey: warning_after_step", fontsize=8)
     fig.tight_layout()
     name = f"signal_{signal}.png"
     fig.savefig(out / name, dpi=90)
@@ -375,8 +380,11 @@ def write(results: list[Calibrated], cal_dirs: list[Path], held_dirs: list[Path]
           "## Calibration grids (in-sample)", ""]
 
     def threshold(r):
-        return "none fits" if r.threshold is None and r.signal != "any" else \
-            "each signal's" if r.signal == "any" else f"{r.threshold:.4g}"
+        if r.signal == "any":
+            return "each signal's"
+        if r.threshold is None:
+            return "none fits" if r.logged else "not logged"
+        return f"{r.threshold:.4g}"
 
     md += table([(r.signal, threshold(r), r.calibration) for r in results])
     md += ["", "## Held-out grids (thresholds unchanged)", ""]
@@ -411,6 +419,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     from launcher.config import ConfigError, MonitorConfig, _build, parse_overrides
 
+    # section.field=value after a folder list belongs to the overrides, not to the list
+    def override(p: Path) -> bool:
+        return re.match(r"^[a-z_]+\.[a-z_0-9]+=", str(p)) is not None
+
+    args.overrides += [str(p) for p in args.calibrate + args.holdout if override(p)]
+    args.calibrate = [p for p in args.calibrate if not override(p)]
+    args.holdout = [p for p in args.holdout if not override(p)]
     try:
         tree = parse_overrides(args.overrides)
         if set(tree) - {"monitor"}:
@@ -425,7 +440,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = args.out or args.holdout[0] / "warning_calibration"
         out.mkdir(parents=True, exist_ok=True)
         figures = [_figure(r.signal, r.threshold, [("calibration", *cal), ("held out", *held)], rule, out)
-                   for r in results if r.signal in SIGNALS]
+                   for r in results if r.signal in SIGNALS and r.logged]
         write(results, args.calibrate, args.holdout, rule, args.max_false_alarms, out, figures)
     except (ConfigError, CalibrationError) as err:
         print(f"error: {err}", file=sys.stderr)
