@@ -115,9 +115,10 @@ def main(argv=None) -> int:
                 train_step()  # the weights move between calls, as in training
                 calls.append(_timed(lambda: extra.append(monitors.after_step(k * interval)), device))
             call_s = statistics.median(calls)
-            delta = [v.get(tags.DELTA_BIAS_SECONDS) for v in extra if tags.DELTA_BIAS_SECONDS in v]
+            parts = {name: [v[tag] for v in extra if tag in v] for name, tag in
+                     (("delta bias", tags.DELTA_BIAS_SECONDS), ("Q-K update spectra", tags.QK_UPDATE_SECONDS))}
             results[part] = (call_s, interval)
-            note = f" (of which delta bias {statistics.median(delta) * 1e3:.1f} ms)" if delta else ""
+            note = "".join(f" (of which {name} {statistics.median(t) * 1e3:.1f} ms)" for name, t in parts.items() if t)
             print(f"{part} call: {call_s * 1e3:.1f} ms{note}, every {interval} steps -> "
                   f"{call_s / interval * 1e3:.2f} ms/step = {100 * call_s / interval / step_s:.2f}% of a step "
                   f"(first call, once per run: {first * 1e3:.1f} ms)", flush=True)

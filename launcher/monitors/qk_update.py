@@ -94,8 +94,8 @@ def activation_entropy(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ``positions`` (flat indices over batch x sequence) of q, k (B, H, T, hd); alpha = 1/sqrt(hd) only scales the
     spectrum and leaves the entropy as it is."""
     b, h, t, hd = q.shape
-    qs = q.double().transpose(0, 1).reshape(h, b * t, hd)[:, positions.to(q.device)]
-    ks = k.double().transpose(0, 1).reshape(h, b * t, hd)[:, positions.to(k.device)]
+    rows, cols = (positions // t).to(q.device), (positions % t).to(q.device)
+    qs, ks = (x[rows, :, cols].transpose(0, 1).double() for x in (q, k))  # (H, n, hd): the sampled tokens only
     n = qs.shape[1]
     sigma = product_singular_values(qs, ks) if n >= hd else torch.linalg.svdvals(qs @ ks.transpose(1, 2))
     return spectral_entropy(sigma, min(n, hd))

@@ -58,7 +58,7 @@ def experiment(tmp_path):
 
 
 EXPECTED_PNGS = {"loss.png", "grad_norm.png", "spectral_heatmap_baseline.png", "spectral_heatmap_fixed.png",
-                 "wq_heads.png", "delta_bias_cum.png", "tie_rate.png", "max_logit.png"}
+                 "wq_heads.png", "delta_bias_cum.png", "tie_rate.png", "max_logit.png", "warning_timeline.png"}
 
 
 def test_report_has_every_file_and_finds_the_planted_divergence(experiment, capsys):
