@@ -799,6 +799,11 @@ def environment_problems(config: Config) -> list[str]:
             and config.precision.dtype == "fp32":
         problems.append("attention.fix=stochastic_output on a GPU runs the Triton kernel, which takes BF16 inputs; set "
                         "precision.dtype=bf16 (or auto)")
+    mon = config.monitor
+    if mon.on_warning == "switch_fix" and mon.switch_fix_to == "stochastic_output" and on_gpu \
+            and attention.backend == "auto" and config.precision.dtype == "fp32":
+        problems.append("monitor.switch_fix_to=stochastic_output on a GPU runs the Triton kernel, which takes BF16 "
+                        "inputs; set precision.dtype=bf16 (or auto), or another monitor.switch_fix_to")
     if config.precision.fp8_ffn:
         if not on_gpu:
             problems.append("precision.fp8_ffn=true needs a CUDA GPU; set precision.fp8_ffn=false on this machine")
