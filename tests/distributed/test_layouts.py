@@ -115,6 +115,13 @@ def agrees(tag: str, a: float, b: float, pipeline: bool = False) -> bool:
         return close(a, b, 1e-3)
     if tag.startswith(("train/", "eval/")):
         return close(a, b, 1e-4)
+    # spectra of the Q-K update between steps 5 and 10 and of the probe scores (measured exactly on identical weights
+    # by initial_weights_worker.py). The update is five Adam steps, in which the layouts' last-bit gradient
+    # differences become lr-sized (above): its norms and stable ranks differ by a few percent (seen: up to 1.6% and
+    # 6.8%, srank2 under TP2 + SP); normalised entropies lie in [0, 1] and near 0 (one dominant direction) are set by
+    # tail singular values of rounding size, so they get an absolute tolerance (seen: up to 0.003)
+    if tag.startswith(("qk_update/", "qk_act/")):
+        return abs(a - b) <= 0.01 if "entropy" in tag else close(a, b, 0.1)
     if tag.startswith(("spectral/", "act/")) or tag.endswith("entropy"):
         return close(a, b, 1e-2)
     # Adam amplifies the last-bit differences of near-zero gradient entries into lr-sized weight differences, which
@@ -134,10 +141,6 @@ def agrees(tag: str, a: float, b: float, pipeline: bool = False) -> bool:
         return a in (0.0, 1.0)
     if tag in ("warning/wq_growth", "warning/wq_relative"):
         return close(a, b, 1e-2)
-    # spectra of the Q-K update between steps 5 and 10: differences of weights that differ by rounding, measured
-    # exactly on identical weights by initial_weights_worker.py; here within the spectral norms' tolerance
-    if tag.startswith(("qk_update/", "qk_act/")):
-        return close(a, b, 2e-2)
     if tag == "warning/delta_persistence":  # of delta-bias sums, which are rounding noise here (below)
         return 0.0 <= a <= 1.0
     # delta-bias sums and cosines are sums of last-bit rounding errors: their values are noise at this scale; only
