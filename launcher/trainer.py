@@ -438,7 +438,7 @@ class Trainer:
             self.switch = on_warning.Switch(step, self.config.attention.fix, target)
             self.config = on_warning.switched(self.config, target)
             rebind_attention(self.engine.blocks(), self.config, self.dims)
-            self.monitors.attention_changed(self.config.attention)
+            self.monitors.attention_rebound()
             if self.dims.is_logging_rank:
                 on_warning.record_switch(self.run_dir, self.switch, reason)
                 self.metrics.print(f"switched attention.fix {self.switch.before} -> {target} after step {step} "

@@ -261,13 +261,14 @@ class Monitors:
             self.warning.load_state_dict(state["warning"])
             self._warned = self.warning.on
 
-    def attention_changed(self, attention) -> None:
-        """The run's attention section changed mid-run (monitor.on_warning=switch_fix): the delta-bias monitor
-        reconstructs the backward's delta with the new numerics from now on."""
-        self.rounding, self.fix = attention.rounding, attention.fix
-        self.delta_gain, self.delta_sign, self.keyed = attention.delta_gain, attention.delta_sign, \
-            attention.needs_noise_keys
-        self.tie_tile = tie_tile_keys(attention.rounding, attention.paper_block_keys)
+    def attention_rebound(self) -> None:
+        """The model's attention was rebuilt mid-run (monitor.on_warning=switch_fix): read its settings again, so
+        that the delta-bias monitor reconstructs the backward's delta with the new numerics from now on."""
+        first = self.layers[self.layer_ids[0]]
+        self.settings = getattr(first.attn.attention_fn, "settings", None)
+        if self.settings is not None:
+            self.rounding, self.eps = self.settings.rounding, self.settings.eps
+            self.tie_tile = tie_tile_keys(self.settings.rounding, self.settings.paper_block_keys)
 
     def onset_at(self, step: int) -> Optional[Onset]:
         """The early warning's onset if it turned on at ``step`` (logging rank; None elsewhere and otherwise)."""

@@ -57,6 +57,7 @@ def test_checkpoint_mode_keeps_the_onset_outside_the_rotation(common):
 
 
 def test_switch_fix_is_recorded_and_a_resume_after_it_is_exact(common):
+    common = common + ["monitor.probe_interval=2"]  # the delta-bias monitor follows the switched numerics too
     straight = train(common, "monitor.on_warning=switch_fix", "run.experiment=straight")
     logged = train(common, "run.experiment=logged")  # the same rule, on_warning=log: no switch
     for cut in (ONSET, 5):  # resumed from the onset checkpoint itself, and from one after the switch
