@@ -11,8 +11,12 @@ import torch
 from kernels.rounding import LOG2E
 
 ROUNDINGS = ("fa2", "paper")
-FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output", "stochastic_output")
+FIXES = ("none", "dynamic_max", "dynamic_max_published", "fp32_output", "stochastic_output", "exact_delta")
 DELTA_SIGNS = ("kept", "random")  # sign of the amplified delta error (delta_gain): as computed, or +-1 per row
+# What the amplified delta error is measured from (delta_gain): delta_fp32 = rowsum(dO * O_fp32), fix=fp32_output's
+# delta, or delta_exact = rowsum(P * dP) with the backward's own P, fix=exact_delta's delta.
+DELTA_REFERENCES = ("fp32_output", "exact")
+REFERENCE_FIX = {"fp32_output": "fp32_output", "exact": "exact_delta"}  # the fix whose delta is the reference
 HEAD_DIMS = (16, 32, 64, 128)  # head sizes the kernel (and its reference) supports
 
 # rounding=paper rounds the running O and l to LP once per tile of this many keys (the authors' code: 512);
@@ -22,8 +26,8 @@ PAPER_BLOCK_KEYS = 512
 ROW_SUM_FLOOR = 1e-10
 
 # Integer codes of the fixes inside the kernel (constexpr) and the reference.
-FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT, FIX_STOCHASTIC = range(5)
-FIX_CODE = dict(zip(FIXES, range(5)))
+FIX_NONE, FIX_SAFE, FIX_PUBLISHED, FIX_FP32_OUTPUT, FIX_STOCHASTIC, FIX_EXACT_DELTA = range(6)
+FIX_CODE = dict(zip(FIXES, range(6)))
 
 # Safe dynamic_max counts as tied every score whose P_bar would round to exactly 1 next to the maximum: within
 # ln(1 / (1 - 2^-9)) ~ 0.00196 (bf16) or ~0.00024 (fp16) of it. The published eps = 1e-3 misses part of the bf16 band,
@@ -84,16 +88,17 @@ class Numerics:
     beta: float
     eps_cmp: float  # tie tolerance in the max domain (widened for dynamic_max)
     paper_tile: int  # keys per rounding tile of rounding=paper (0: the whole row); 0 for rounding=fa2
-    delta_gain: float = 1.0  # FP32; delta = delta_fp32 + gain * s * (delta_mode - delta_fp32)
+    delta_gain: float = 1.0  # FP32; delta = delta_ref + gain * s * (delta_mode - delta_ref)
     delta_random: bool = False  # s = +-1 per row from the noise hash (else s = +1)
+    delta_exact_ref: bool = False  # delta_ref = rowsum(P * dP) (delta_reference=exact), else rowsum(dO * O_fp32)
     # paper, bf16 and a power-of-two sm_scale (head_dim 16, 64): LP(q.k) * scale is a bf16 value already (down to
     # FP32's smallest normal), so the kernel leaves out S's second rounding (triton_flash._paper_score); same bits
     score_rounds_once: bool = False
 
     @property
     def amplified(self) -> bool:
-        """The delta-error stress path (delta_gain != 1 or random signs): it needs the FP32 O besides the mode's O.
-        False is exactly the mode's own code path."""
+        """The delta-error stress path (delta_gain != 1 or random signs): it needs the reference delta (the FP32 O,
+        or the exact pass) besides the mode's. False is exactly the mode's own code path."""
         return self.delta_gain != 1.0 or self.delta_random
 
     @property
@@ -101,9 +106,15 @@ class Numerics:
         return self.fix == FIX_STOCHASTIC
 
     @property
+    def exact_pass(self) -> bool:
+        """The backward first computes delta_exact = rowsum(P * dP) over the key tiles: fix=exact_delta's delta, or
+        the reference of the amplified path with delta_reference=exact."""
+        return self.fix == FIX_EXACT_DELTA or (self.amplified and self.delta_exact_ref)
+
+    @property
     def keeps_fp32_output(self) -> bool:
         """The forward stores the FP32 normalised O (fp32_output's O, or delta_fp32 of the amplified path)."""
-        return self.fix == FIX_FP32_OUTPUT or self.amplified
+        return self.fix == FIX_FP32_OUTPUT or (self.amplified and not self.delta_exact_ref)
 
     @property
     def shadow(self) -> bool:
@@ -164,6 +175,7 @@ class AttentionSettings:
     paper_block_keys: int = PAPER_BLOCK_KEYS  # keys per rounding tile of rounding=paper (0: the whole row)
     delta_gain: float = 1.0  # delta = delta_fp32 + gain * s * (delta_mode - delta_fp32)
     delta_sign: str = "kept"  # DELTA_SIGNS: s = +1, or +-1 per row from the noise hash
+    delta_reference: str = "fp32_output"  # DELTA_REFERENCES: delta_ref of the delta_gain formula
     head_offset: int = 0  # q's head h is the model's head head_offset + h of total_heads (tensor parallelism)
     total_heads: int = 0  # 0: q.shape[1], not sharded
     backend: str = "auto"  # BACKENDS: which implementation computes the call (kernels.implementation)
@@ -194,6 +206,8 @@ class AttentionSettings:
             raise ValueError(problem)
         if self.delta_sign not in DELTA_SIGNS:
             raise ValueError(f"delta_sign={self.delta_sign!r} is not one of {DELTA_SIGNS}")
+        if self.delta_reference not in DELTA_REFERENCES:
+            raise ValueError(f"delta_reference={self.delta_reference!r} is not one of {DELTA_REFERENCES}")
         check_heads(0, self.head_offset, self.total_heads)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r} is not one of {BACKENDS}")
@@ -216,7 +230,7 @@ class AttentionSettings:
     @property
     def keeps_fp32_output(self) -> bool:
         """The forward stores the FP32 normalised O (``Numerics.keeps_fp32_output``)."""
-        return self.fix == "fp32_output" or self.amplified
+        return self.fix == "fp32_output" or (self.amplified and self.delta_reference == "fp32_output")
 
     @property
     def needs_noise_keys(self) -> bool:
@@ -226,12 +240,13 @@ class AttentionSettings:
     def numerics(self, head_dim: int, dtype: torch.dtype) -> Numerics:
         """The FP32 scalars of these settings for one head size and input dtype (shared by kernel and reference)."""
         return _numerics(self.rounding, self.fix, self.beta, self.eps, head_dim, dtype, self.paper_block_keys,
-                         self.delta_gain, self.delta_sign)
+                         self.delta_gain, self.delta_sign, self.delta_reference)
 
 
 @functools.lru_cache(maxsize=256)
 def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype,
-              paper_block_keys: int, delta_gain: float = 1.0, delta_sign: str = "kept") -> Numerics:
+              paper_block_keys: int, delta_gain: float = 1.0, delta_sign: str = "kept",
+              delta_reference: str = "fp32_output") -> Numerics:
     paper = rounding == "paper"
     sm_scale = _fp32(head_dim**-0.5)
     if fix == "dynamic_max":
@@ -249,6 +264,7 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
         paper_tile=paper_block_keys if paper else 0,
         delta_gain=_fp32(delta_gain),
         delta_random=delta_sign == "random",
+        delta_exact_ref=delta_reference == "exact",
         score_rounds_once=paper and dtype == torch.bfloat16 and math.frexp(sm_scale)[0] == 0.5,
     )
 

@@ -25,8 +25,8 @@ import typing
 
 import torch
 
-from kernels.modes import AttentionSettings
-from kernels.reference import effective_output
+from kernels.modes import KEY_TILE, AttentionSettings
+from kernels.reference import _expand_kv, effective_output, exact_output
 
 FIELDS = tuple(f.name for f in dataclasses.fields(AttentionSettings))  # the custom ops' settings arguments, in order
 
@@ -147,5 +147,10 @@ def saved_output(implementation: str, q: torch.Tensor, k: torch.Tensor, v: torch
     module = _module(implementation)
     nm = module.prepare(q, k, v, settings, noise_keys)
     with torch.no_grad():
-        out, _, o32 = module.forward(q, k, v, settings, nm, noise_keys)
-        return effective_output(out, o32 if nm.keeps_fp32_output else None, nm, noise_keys, settings.head_offset)
+        out, lse, o32 = module.forward(q, k, v, settings, nm, noise_keys)
+        o_exact = None
+        if nm.exact_pass:  # P V with the backward's P, recomputed from this kernel's LSE
+            heads = q.shape[1]
+            o_exact = exact_output(q, _expand_kv(k, heads), _expand_kv(v, heads), lse, settings.causal, nm, KEY_TILE)
+        return effective_output(out, o32 if nm.keeps_fp32_output else None, nm, noise_keys, settings.head_offset,
+                                o_exact)

@@ -33,8 +33,8 @@ import math
 
 import torch
 
-from kernels.modes import (FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, KEY_TILE, ROW_SUM_FLOOR, AttentionSettings,
-                           Numerics, check_args, check_heads)
+from kernels.modes import (FIX_EXACT_DELTA, FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, KEY_TILE, ROW_SUM_FLOOR,
+                           AttentionSettings, Numerics, check_args, check_heads)
 from kernels.rounding import LN2, LOG2E, delta_signs, round_lp, safe_shift, stochastic_bf16
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -167,6 +167,65 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     return out, lse, o32
 
 
+def _tile_probs(qf: torch.Tensor, kt: torch.Tensor, lse_s: torch.Tensor, n0: int, causal: bool, nm: Numerics,
+                lp: torch.dtype) -> torch.Tensor:
+    """The backward's P of the key tile starting at n0 (FP32, recomputed from LSE as in the forward's scores):
+    exp2(S * exp_scale - LSE * log2(e)), one FMA per score in the kernel; 0 right of the causal diagonal.
+    ``lse_s``: LSE * log2(e), (..., rows, 1)."""
+    qk = qf @ kt.transpose(-1, -2)
+    s = round_lp(round_lp(qk, lp) * nm.sm_scale, lp) if nm.paper else qk
+    p = torch.exp2(s * nm.exp_scale - lse_s)
+    if causal:
+        rows = torch.arange(qf.shape[-2], device=qf.device).view(-1, 1)
+        cols = torch.arange(n0, n0 + kt.shape[-2], device=qf.device).view(1, -1)
+        p = p.masked_fill(cols > rows, 0.0)
+    return p
+
+
+@torch.no_grad()
+def exact_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out: torch.Tensor, lse: torch.Tensor,
+                causal: bool, nm: Numerics, block_n: int) -> torch.Tensor:
+    """delta_exact = rowsum(P * dP) / rowsum(P) (batch, heads, seq) in FP32, P the backward's own (``_tile_probs``),
+    dP = dO V^T: one pass over the key tiles before the backward's, in its tile order (fix=exact_delta; the
+    reference delta of delta_reference=exact). LP tensors, k and v expanded to q's heads.
+
+    With exact P it is rowsum(dO * P V) = rowsum(dO * O_exact). Dividing by rowsum(P) makes it the delta of the
+    backward's own P normalised, so that every row of dS = P (dP - delta) sums to 0 as the softmax's does: in fa2
+    rowsum(P) is 1 up to FP32 rounding, but in paper rounding LSE holds the bf16 row sum l, so rowsum(P) =
+    l_fp32 / l_bf16 is up to 2^-8 from 1, with the sign of l's rounding (l drops the small keys' weight: > 1), and the
+    plain rowsum(P * dP) would carry that error into delta. FP32 error at most gamma(2n + head_dim) x
+    sum_j P_j sum_c |dO_c V_jc| / rowsum(P) (n keys; tests/unit/test_attention_exact_delta.py derives and checks it).
+    """
+    lp = q.dtype
+    qf, kf, vf, dof = q.float(), k.float(), v.float(), d_out.to(lp).float()
+    lse_s = (lse * LOG2E).unsqueeze(-1)
+    num = torch.zeros(lse.shape, device=q.device)
+    den = torch.zeros(lse.shape, device=q.device)
+    for n0 in range(0, q.shape[2], block_n):
+        kt, vt = kf[:, :, n0:n0 + block_n], vf[:, :, n0:n0 + block_n]
+        p = _tile_probs(qf, kt, lse_s, n0, causal, nm, lp)
+        num = num + (p * (dof @ vt.transpose(-1, -2))).sum(-1)
+        den = den + p.sum(-1)
+    return num / torch.where(den == 0, torch.ones_like(den), den)  # den 0: a fully masked row (kv_len tests only)
+
+
+@torch.no_grad()
+def exact_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor, causal: bool, nm: Numerics,
+                 block_n: int) -> torch.Tensor:
+    """P V / rowsum(P) in FP32 with the backward's own P: the O whose rowsum(dO * O) is ``exact_delta`` (up to the
+    order of the FP32 sums), what ``saved_output`` returns for fix=exact_delta. LP tensors, k and v expanded."""
+    lp = q.dtype
+    qf, kf, vf = q.float(), k.float(), v.float()
+    lse_s = (lse * LOG2E).unsqueeze(-1)
+    out = torch.zeros(qf.shape, device=q.device)
+    den = torch.zeros(lse.shape, device=q.device)
+    for n0 in range(0, q.shape[2], block_n):
+        p = _tile_probs(qf, kf[:, :, n0:n0 + block_n], lse_s, n0, causal, nm, lp)
+        out = out + p @ vf[:, :, n0:n0 + block_n]
+        den = den + p.sum(-1)
+    return out / torch.where(den == 0, torch.ones_like(den), den).unsqueeze(-1)
+
+
 @torch.no_grad()
 def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: torch.Tensor, lse: torch.Tensor,
                   d_out: torch.Tensor, causal: bool, nm: Numerics, block_n: int, *, o32: torch.Tensor | None = None,
@@ -178,27 +237,24 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
 
     P = exp(S - LSE) is recomputed per key tile (S = LP(LP(q.k) * scale) for rounding=paper, as in the forward; the
     paper tile size changes no bit of the backward);
-    delta = rowsum(dO * O_saved) in FP32 (``delta_of``, with the amplified path's delta_fp32 from ``o32``);
+    delta = rowsum(dO * O_saved) in FP32, or rowsum(P * dP) / rowsum(P) for fix=exact_delta (``exact_delta``, a
+    first pass over the key tiles); on the amplified path ``delta_of`` combines it with delta_fp32 from ``o32`` or
+    the exact pass;
     dS = P * (dP - delta) with dP = dO V^T; P and dS are rounded to LP
     as MMA operands: dV = LP(P)^T dO, dQ = scale * LP(dS) K, dK = scale * LP(dS)^T Q.
     """
     lp = q.dtype
     seq = q.shape[2]
     qf, kf, vf, dof = q.float(), k.float(), v.float(), d_out.to(lp).float()
-    delta = delta_of(dof, o_saved, nm, o32, noise_keys, head_offset).unsqueeze(-1)
+    exact = exact_delta(q, k, v, d_out, lse, causal, nm, block_n) if nm.exact_pass else None
+    delta = delta_of(dof, o_saved, nm, o32, noise_keys, head_offset, exact).unsqueeze(-1)
     lse_s = (lse * LOG2E).unsqueeze(-1)
-    rows = torch.arange(seq, device=q.device).view(1, 1, seq, 1)
     dq = torch.zeros_like(qf)
     dk, dv = (torch.empty_like(t) if out_fill is None else torch.full_like(t, out_fill) for t in (kf, vf))
     for n0 in range(0, seq, block_n):
         n1 = min(n0 + block_n, seq)
         kt, vt = kf[:, :, n0:n1], vf[:, :, n0:n1]
-        qk = qf @ kt.transpose(-1, -2)
-        s = round_lp(round_lp(qk, lp) * nm.sm_scale, lp) if nm.paper else qk
-        p = torch.exp2(s * nm.exp_scale - lse_s)
-        if causal:
-            cols = torch.arange(n0, n1, device=q.device).view(1, 1, 1, -1)
-            p = p.masked_fill(cols > rows, 0.0)
+        p = _tile_probs(qf, kt, lse_s, n0, causal, nm, lp)
         dv[:, :, n0:n1] = round_lp(p, lp).transpose(-1, -2) @ dof
         dp = dof @ vt.transpose(-1, -2)
         ds = round_lp(p * (dp - delta), lp)
@@ -208,21 +264,26 @@ def backward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_saved: to
 
 
 def delta_of(dof: torch.Tensor, o_mode: torch.Tensor, nm: Numerics, o32: torch.Tensor | None = None,
-             noise_keys: torch.Tensor | None = None, head_offset: int = 0) -> torch.Tensor:
-    """delta (batch, heads, seq) in FP32 from FP32 dO: rowsum(dO * O_mode), or on the amplified path (delta_gain != 1
-    or random signs) delta_fp32 + gain * s * (delta_mode - delta_fp32) with delta_fp32 = rowsum(dO * o32), s = +1
-    (kept) or +-1 per (noise key, global head, position) (random). Every operation is one FP32 rounding (s * gain is
-    exact), as in the kernel's delta launch."""
-    delta = (dof * o_mode.float()).sum(-1)
+             noise_keys: torch.Tensor | None = None, head_offset: int = 0,
+             exact: torch.Tensor | None = None) -> torch.Tensor:
+    """delta (batch, heads, seq) in FP32 from FP32 dO: delta_mode = rowsum(dO * O_mode) (``exact``, the exact pass,
+    for fix=exact_delta), or on the amplified path (delta_gain != 1 or random signs) delta_ref + gain * s *
+    (delta_mode - delta_ref) with delta_ref = rowsum(dO * o32) (delta_reference=fp32_output) or ``exact``
+    (delta_reference=exact), s = +1 (kept) or +-1 per (noise key, global head, position) (random). Every operation
+    is one FP32 rounding (s * gain is exact), as in the kernel's delta launch."""
+    delta = exact if nm.fix == FIX_EXACT_DELTA else (dof * o_mode.float()).sum(-1)
     if not nm.amplified:
         return delta
-    if o32 is None:
+    if nm.delta_exact_ref:
+        delta_ref = exact
+    elif o32 is None:
         raise ValueError("the amplified delta path needs the FP32 O of the forward (o32)")
-    delta32 = (dof * o32.float()).sum(-1)
-    gain = torch.full_like(delta32, nm.delta_gain)
+    else:
+        delta_ref = (dof * o32.float()).sum(-1)
+    gain = torch.full_like(delta_ref, nm.delta_gain)
     if nm.delta_random:
-        gain = gain * delta_signs(delta32.shape, noise_keys, head_offset, delta32.device)
-    return delta32 + gain * (delta - delta32)
+        gain = gain * delta_signs(delta_ref.shape, noise_keys, head_offset, delta_ref.device)
+    return delta_ref + gain * (delta - delta_ref)
 
 
 def _prepare(q, k, v, settings: AttentionSettings, noise_keys=None):
@@ -307,30 +368,35 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *fiel
 
 
 def effective_output(out: torch.Tensor, o32: torch.Tensor | None, nm: Numerics,
-                     noise_keys: torch.Tensor | None = None, head_offset: int = 0) -> torch.Tensor:
+                     noise_keys: torch.Tensor | None = None, head_offset: int = 0,
+                     o_exact: torch.Tensor | None = None) -> torch.Tensor:
     """The O whose rowsum(dO * O) is the backward's delta: the mode's O (LP, SR'd for stochastic_output, FP32 for
-    fp32_output) or, on the amplified path, O_fp32 + gain * s * (O_mode - O_fp32) in FP32 (delta is linear in O, so
-    its delta equals the backward's up to the FP32 rounding of the sums)."""
+    fp32_output, ``o_exact`` = P V with the backward's P for exact_delta: ``exact_output``) or, on the amplified
+    path, O_ref + gain * s * (O_mode - O_ref) in FP32 with O_ref = O_fp32 or ``o_exact`` (delta_reference=exact)
+    (delta is linear in O, so its delta equals the backward's up to the FP32 rounding of the sums)."""
+    o_mode = {FIX_FP32_OUTPUT: o32, FIX_EXACT_DELTA: o_exact}.get(nm.fix, out)
     if not nm.amplified:
-        return out if o32 is None else o32
-    o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out.float()
-    gain = torch.full(o32.shape[:-1], nm.delta_gain, device=o32.device)
+        return o_mode
+    o_ref = o_exact if nm.delta_exact_ref else o32
+    gain = torch.full(o_ref.shape[:-1], nm.delta_gain, device=o_ref.device)
     if nm.delta_random:
-        gain = gain * delta_signs(o32.shape[:-1], noise_keys, head_offset, o32.device)
-    return o32 + gain.unsqueeze(-1) * (o_mode - o32)
+        gain = gain * delta_signs(o_ref.shape[:-1], noise_keys, head_offset, o_ref.device)
+    return o_ref + gain.unsqueeze(-1) * (o_mode.float() - o_ref)
 
 
 def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,
                  noise_keys: torch.Tensor | None = None, block_n: int = KEY_TILE) -> torch.Tensor:
     """The O that the reference backward uses for delta (``effective_output``): LP O, the SR'd O for
-    stochastic_output, the FP32 O for fix=fp32_output, the FP32 effective O of the amplified delta path."""
+    stochastic_output, the FP32 O for fix=fp32_output, P V for exact_delta, the FP32 effective O of the amplified
+    delta path."""
     heads = q.shape[1]
     ql, kl, vl, nm = _prepare(q, k, v, settings, noise_keys)
+    kl, vl = _expand_kv(kl, heads), _expand_kv(vl, heads)
     with _no_autocast(q):
-        out, _, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), settings.causal, nm, block_n,
-                                   head_offset=settings.head_offset, total_heads=settings.total_heads,
-                                   noise_keys=noise_keys)
-        return effective_output(out, o32, nm, noise_keys, settings.head_offset)
+        out, lse, o32 = forward_core(ql, kl, vl, settings.causal, nm, block_n, head_offset=settings.head_offset,
+                                     total_heads=settings.total_heads, noise_keys=noise_keys)
+        o_exact = exact_output(ql, kl, vl, lse, settings.causal, nm, block_n) if nm.exact_pass else None
+        return effective_output(out, o32, nm, noise_keys, settings.head_offset, o_exact)
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,7 +41,7 @@ try:  # host-side TMA descriptors (Triton >= 3.4)
 except ImportError:  # pragma: no cover - older Triton: the dQ kernel keeps its pointer loads
     TensorDescriptor = None
 
-from kernels.modes import AttentionSettings, Numerics, check_args
+from kernels.modes import FIX_EXACT_DELTA, AttentionSettings, Numerics, check_args
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -488,24 +488,34 @@ def _bwd_delta_kernel(OS, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_dob
 
 
 @triton.jit
-def _bwd_delta_gain_kernel(OS, O32, DO, KEYS, DELTA, stride_ob, stride_oh, stride_ot, stride_32b, stride_32h,
+def _bwd_delta_gain_kernel(OS, O32, DO, KEYS, EXACT, DELTA, stride_ob, stride_oh, stride_ot, stride_32b, stride_32h,
                            stride_32t, stride_dob, stride_doh, stride_dot, H, T, head_offset, gain,
-                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, RANDOM: tl.constexpr):
-    """The amplified delta (delta_gain != 1 or random signs): delta_fp32 + gain * s * (delta_mode - delta_fp32) with
-    delta_mode = rowsum(dO * O_saved), delta_fp32 = rowsum(dO * O32); s = +-1 from the noise hash of (row key,
-    global head head_offset + h, position) when RANDOM, else +1. Launched without FMA contraction, so every
-    operation rounds once as in the reference."""
+                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, RANDOM: tl.constexpr,
+                           MODE_EXACT: tl.constexpr, REF_EXACT: tl.constexpr):
+    """The amplified delta (delta_gain != 1 or random signs): delta_ref + gain * s * (delta_mode - delta_ref) with
+    delta_mode = rowsum(dO * O_saved) (MODE_EXACT, fix=exact_delta: the exact pass's EXACT), delta_ref =
+    rowsum(dO * O32) (REF_EXACT, delta_reference=exact: EXACT); s = +-1 from the noise hash of (row key, global
+    head head_offset + h, position) when RANDOM, else +1. Launched without FMA contraction, so every operation
+    rounds once as in the reference."""
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = offs_m[:, None] < T
-    o = _row_tile(OS, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d, ok)
-    o32 = _row_tile(O32, b, h, stride_32b, stride_32h, stride_32t, offs_m, offs_d, ok)  # FP32 already: .to is a no-op
     do = _row_tile(DO, b, h, stride_dob, stride_doh, stride_dot, offs_m, offs_d, ok)
-    d_mode = tl.sum(o * do, 1)
-    d32 = tl.sum(o32 * do, 1)
+    if MODE_EXACT or REF_EXACT:
+        exact = tl.load(EXACT + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    if MODE_EXACT:
+        d_mode = exact
+    else:
+        o = _row_tile(OS, b, h, stride_ob, stride_oh, stride_ot, offs_m, offs_d, ok)
+        d_mode = tl.sum(o * do, 1)
+    if REF_EXACT:
+        d32 = exact
+    else:
+        o32 = _row_tile(O32, b, h, stride_32b, stride_32h, stride_32t, offs_m, offs_d, ok)  # FP32 already
+        d32 = tl.sum(o32 * do, 1)
     gs = tl.full([BLOCK_M], gain, tl.float32)
     if RANDOM:
         key = tl.load(KEYS + b).to(tl.uint32)
@@ -667,32 +677,114 @@ def _key_rows(X, b, hk, start_n, x_base, stride_t, cols, offs_d, T, BLOCK_N: tl.
 
 
 @triton.jit
+def _block_p_dp(q, do, lse2, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, start_n, sm_scale,
+                exp_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                CAUSAL: tl.constexpr, PAPER: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
+                EXPLICIT: tl.constexpr, TMA: tl.constexpr):
+    """(P, dP = dO V^T, the k tile) of one query tile against the key block at start_n: P recomputed from LSE
+    (``lse2`` = LSE * log2(e)) as the forward scored it, 0 where masked; the dQ loop and the exact-delta pass."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    k = _key_rows(K, b, hk, start_n, k_base, stride_kt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
+    v = _key_rows(V, b, hk, start_n, v_base, stride_vt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
+    k = _loaded_operand(k, EXPLICIT)
+    v = _loaded_operand(v, EXPLICIT)
+    s = _mma(q, tl.trans(k), None, EXPLICIT)
+    if PAPER:
+        s = _paper_score(s, sm_scale, SCALE_POW2, IS_BF16, EXPLICIT)
+    p = tl.exp2(s * exp_scale - lse2[:, None])
+    if MASKED:
+        valid = (rows[:, None] < T) & (cols[None, :] < T)
+        if CAUSAL:
+            valid = valid & (rows[:, None] >= cols[None, :])
+        p = tl.where(valid, p, 0.0)
+    dp = _mma(do, tl.trans(v), None, EXPLICIT)
+    return p, dp, k
+
+
+@triton.jit
 def _bwd_dq_tiles(dq, q, do, lse, delta, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T, lo, hi,
                   sm_scale, exp_scale, LP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, SCALE_POW2: tl.constexpr,
                   IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr, TMA: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
-    offs_n = tl.arange(0, BLOCK_N)
     lse2 = lse * 1.4426950408889634
     for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        k = _key_rows(K, b, hk, start_n, k_base, stride_kt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
-        v = _key_rows(V, b, hk, start_n, v_base, stride_vt, cols, offs_d, T, BLOCK_N, HEAD_DIM, MASKED, TMA)
-        k = _loaded_operand(k, EXPLICIT)
-        v = _loaded_operand(v, EXPLICIT)
-        s = _mma(q, tl.trans(k), None, EXPLICIT)
-        if PAPER:
-            s = _paper_score(s, sm_scale, SCALE_POW2, IS_BF16, EXPLICIT)
-        p = tl.exp2(s * exp_scale - lse2[:, None])
-        if MASKED:
-            valid = (rows[:, None] < T) & (cols[None, :] < T)
-            if CAUSAL:
-                valid = valid & (rows[:, None] >= cols[None, :])
-            p = tl.where(valid, p, 0.0)
-        dp = _mma(do, tl.trans(v), None, EXPLICIT)
+        p, dp, k = _block_p_dp(q, do, lse2, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
+                               start_n, sm_scale, exp_scale, HEAD_DIM, BLOCK_N, MASKED, CAUSAL, PAPER, SCALE_POW2,
+                               IS_BF16, EXPLICIT, TMA)
         ds = p * (dp - delta[:, None])
         dq = _mma(_lp_operand(ds, LP, IS_BF16, EXPLICIT), k, dq, EXPLICIT)
     return dq
+
+
+@triton.jit
+def _exact_delta_tiles(num, den, q, do, lse, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
+                       lo, hi, sm_scale, exp_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr, SCALE_POW2: tl.constexpr,
+                       IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Add rowsum(P * dP) and rowsum(P) of key tiles [lo, hi) to one query tile's FP32 sums, tile after tile."""
+    lse2 = lse * 1.4426950408889634
+    for start_n in range(lo, hi, BLOCK_N):
+        p, dp, _k = _block_p_dp(q, do, lse2, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows, offs_d, T,
+                                start_n, sm_scale, exp_scale, HEAD_DIM, BLOCK_N, MASKED, CAUSAL, PAPER, SCALE_POW2,
+                                IS_BF16, EXPLICIT, False)
+        num += tl.sum(p * dp, 1)
+        den += tl.sum(p, 1)
+    return num, den
+
+
+@triton.jit
+def _bwd_delta_exact_kernel(Q, K, V, DO, LSE, DELTA, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
+                            stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, H, GROUP,
+                            T, exp_scale, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
+                            SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr, EXPLICIT: tl.constexpr):
+    """delta_exact = rowsum(P * dP) / rowsum(P) of one query tile of one head, in FP32: the backward's own P (as the
+    dQ launch recomputes it) against dP = dO V^T, key tile by key tile (fix=exact_delta's delta; the reference delta
+    of delta_reference=exact; why the division: ``kernels.reference.exact_delta``). Two matrix products per tile
+    pair, like dQ's loop without its third."""
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = rows < T
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dot + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + bh * T + rows, mask=row_ok, other=0.0)
+    q = _loaded_operand(q, EXPLICIT)
+    do = _loaded_operand(do, EXPLICIT)
+    hk = h // GROUP
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    num = tl.zeros([BLOCK_M], tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    if CAUSAL:
+        full_hi = (start_m // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(start_m + BLOCK_M, T)
+    else:
+        full_hi = (T // BLOCK_N) * BLOCK_N
+        hi = T
+    if start_m + BLOCK_M <= T:
+        num, den = _exact_delta_tiles(num, den, q, do, lse, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows,
+                                      offs_d, T, 0, full_hi, sm_scale, exp_scale, HEAD_DIM, BLOCK_N, False, CAUSAL,
+                                      PAPER, SCALE_POW2, IS_BF16, EXPLICIT)
+    else:
+        num, den = _exact_delta_tiles(num, den, q, do, lse, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows,
+                                      offs_d, T, 0, full_hi, sm_scale, exp_scale, HEAD_DIM, BLOCK_N, True, CAUSAL,
+                                      PAPER, SCALE_POW2, IS_BF16, EXPLICIT)
+    num, den = _exact_delta_tiles(num, den, q, do, lse, K, V, b, hk, k_base, v_base, stride_kt, stride_vt, rows,
+                                  offs_d, T, full_hi, hi, sm_scale, exp_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, PAPER,
+                                  SCALE_POW2, IS_BF16, EXPLICIT)
+    den = tl.where(den == 0.0, 1.0, den)  # rows past T only
+    if EXPLICIT:
+        delta = num / den
+    else:
+        delta = tl.math.div_rn(num, den)
+    tl.store(DELTA + bh * T + rows, delta, mask=row_ok)
 
 
 @triton.jit
@@ -957,6 +1049,7 @@ FWD = _Kernel(_fwd_kernel, FIXED_FWD, _FWD_CONFIGS, _FWD_KEY)
 # (with FMAs in the plain launch, 1-21 gradient elements differed: docs/device-runs/2026-12-01-house/README.md)
 DELTA = _Kernel(_bwd_delta_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
 DELTA_GAIN = _Kernel(_bwd_delta_gain_kernel, dict(BLOCK_M=64, enable_fp_fusion=False))
+DELTA_EXACT = _Kernel(_bwd_delta_exact_kernel, FIXED_DQ, _DQ_CONFIGS, _BWD_KEY)  # dQ's loop: dQ's tiles
 DKDV = _Kernel(_bwd_dkdv_kernel, FIXED_DKDV, _DKDV_CONFIGS, _DKDV_KEY)
 DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _DQ_KEY)
 DQ_FINISH = _Kernel(_bwd_dq_finish_kernel, dict(BLOCK_M=64))
@@ -1127,23 +1220,31 @@ def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fill: f
 
 
 def _delta_launch(d_out, o_saved, nm: Numerics, o32=None, noise_keys=None, head_offset: int = 0,
-                  fill: float | None = None):
+                  fill: float | None = None, exact: torch.Tensor | None = None):
     """(the launch of delta = rowsum(dO * O_saved), the FP32 (B, H, T) delta it fills): the plain delta, or the
-    amplified one (``nm.amplified``), which also reads the forward's FP32 O ``o32`` (and ``noise_keys`` for random
-    signs). Shared by both backward kernels (kernels.gluon_flash's too)."""
+    amplified one (``nm.amplified``), which also reads the forward's FP32 O ``o32`` (delta_reference=fp32_output) or
+    ``exact``, the exact pass's delta (delta_reference=exact, and delta_mode of fix=exact_delta; ``_exact_launch``
+    fills it first), and ``noise_keys`` for random signs. Shared by both backward kernels (kernels.gluon_flash's
+    too). fix=exact_delta without the stress has no launch here: its delta is the exact pass's."""
     bsz, heads, seq, dim = d_out.shape
     delta = _new((bsz, heads, seq), torch.float32, d_out.device, fill)
     os_, ds = o_saved.stride(), d_out.stride()
     q_rows = bsz * heads
     if nm.amplified:
-        if o32 is None or o32.numel() == 0:
+        ref_exact = nm.delta_exact_ref
+        if nm.exact_pass and exact is None:
+            raise ValueError("fix=exact_delta or delta_reference='exact' needs the exact pass's delta (exact)")
+        if not ref_exact and (o32 is None or o32.numel() == 0):
             raise ValueError("delta_gain != 1 or delta_sign='random' needs the forward's FP32 O (o32)")
-        o32 = _last_dim_contiguous(o32)
+        o32 = o_saved if ref_exact else _last_dim_contiguous(o32)  # with the exact reference: never read
         s32 = o32.stride()
         keys = _keys_arg(nm, noise_keys, bsz, d_out.device)
-        launch = _Launch(DELTA_GAIN, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, o32, d_out, keys, delta),
+        launch = _Launch(DELTA_GAIN, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows),
+                         (o_saved, o32, d_out, keys, delta if exact is None else exact, delta),
                          (os_[0], os_[1], os_[2], s32[0], s32[1], s32[2], ds[0], ds[1], ds[2], heads, seq,
-                          int(head_offset)), (nm.delta_gain,), dict(HEAD_DIM=dim, RANDOM=nm.delta_random))
+                          int(head_offset)), (nm.delta_gain,),
+                         dict(HEAD_DIM=dim, RANDOM=nm.delta_random, MODE_EXACT=nm.fix == FIX_EXACT_DELTA,
+                              REF_EXACT=ref_exact))
     else:
         launch = _Launch(DELTA, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (o_saved, d_out, delta),
                          (os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], heads, seq), (), dict(HEAD_DIM=dim))
@@ -1162,26 +1263,40 @@ def dq_finish_launch(dq32: torch.Tensor, dq: torch.Tensor, nm: Numerics) -> _Lau
 
 def _backward_launches(d_out, q, k, v, o_saved, lse, settings: AttentionSettings, nm: Numerics, o32=None,
                        noise_keys=None):
-    """((delta, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in q's
-    dtype. The amplified path (``nm.amplified``) replaces the delta launch by the gain launch, which also reads the
-    forward's FP32 O ``o32`` (and ``noise_keys`` for random signs). ``settings.autotune`` and ``out_fill`` as in the
-    forward. ``settings.deterministic`` False: the dK/dV launch also adds dQ's shares into an FP32 buffer with
-    atomics, and the third launch only scales and rounds it (see ``kernels.flash_attention``)."""
+    """((delta launches, dK/dV, dQ launches, in that order), (dq, dk, dv)); every tensor last-dim contiguous, d_out in
+    q's dtype. The delta launch is rowsum(dO * O_saved), or for fix=exact_delta the exact pass (rowsum(P * dP) /
+    rowsum(P), a query-tile launch over the key tiles). The amplified path (``nm.amplified``) replaces it by the gain
+    launch, which also reads the forward's FP32 O ``o32`` (delta_reference=fp32_output) or the exact pass's delta,
+    launched before it (delta_reference=exact, or fix=exact_delta), and ``noise_keys`` for random signs.
+    ``settings.autotune`` and ``out_fill`` as in the forward. ``settings.deterministic`` False: the dK/dV launch also
+    adds dQ's shares into an FP32 buffer with atomics, and the third launch only scales and rounds it."""
     causal, autotune, fill, head_offset = settings.causal, settings.autotune, settings.out_fill, settings.head_offset
     bsz, heads, seq, dim = q.shape
     kv_heads = k.shape[1]
-    delta_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
     ds = d_out.stride()
     q_rows, kv_rows = bsz * heads, bsz * kv_heads
-    dq, dk, dv = _backward_outputs(q, k, v, fill)
     qs, ks, vs = q.stride(), k.stride(), v.stride()
-    dqs, dks, dvs = dq.stride(), dk.stride(), dv.stride()
     inputs = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2])
     tail = (heads, heads // kv_heads, seq)
     floats = (nm.exp_scale, nm.sm_scale)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, SCALE_POW2=nm.score_rounds_once,
                 IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET)
     key = (seq, dim, causal, nm.paper, q.dtype)
+    if nm.exact_pass:  # rowsum(P * dP) / rowsum(P): the delta itself, or an input of the gain launch
+        exact = _new((bsz, heads, seq), torch.float32, q.device, fill)
+        exact_launch = _Launch(DELTA_EXACT, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows),
+                               (q, k, v, d_out, lse, exact), inputs + tail, floats, meta,
+                               ("exact",) + key if autotune else None)
+        delta_launches = [exact_launch]
+        delta = exact
+        if nm.amplified:
+            gain_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill, exact)
+            delta_launches.append(gain_launch)
+    else:
+        delta_launch, delta = _delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
+        delta_launches = [delta_launch]
+    dq, dk, dv = _backward_outputs(q, k, v, fill)
+    dqs, dks, dvs = dq.stride(), dk.stride(), dv.stride()
     atomic = not settings.deterministic
     if atomic:  # dQ's FP32 sums, filled by the dK/dV launch's atomics (zeros whatever ``fill`` says)
         dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
@@ -1196,13 +1311,13 @@ def _backward_launches(d_out, q, k, v, o_saved, lse, settings: AttentionSettings
                           {**meta, "ATOMIC_DQ": atomic, "DQ_TMA": dq_tma},
                           (("dkdv", atomic, dq_tma) + key) if autotune else None)
     if atomic:
-        return (delta_launch, dkdv_launch, dq_finish_launch(dq32, dq, nm)), (dq, dk, dv)
+        return (*delta_launches, dkdv_launch, dq_finish_launch(dq32, dq, nm)), (dq, dk, dv)
     tma = _tma_ok(k, v)
     k_arg, v_arg = _kv_descriptors(k, v) if tma else (k, v)
     dq_launch = _Launch(DQ, lambda c: (_cdiv(seq, c["BLOCK_M"]), q_rows), (q, k_arg, v_arg, d_out, lse, delta, dq),
                         inputs + (dqs[0], dqs[1], dqs[2]) + tail, floats, {**meta, "TMA": tma},
                         (("dq", tma) + key) if autotune else None)
-    return (delta_launch, dkdv_launch, dq_launch), (dq, dk, dv)
+    return (*delta_launches, dkdv_launch, dq_launch), (dq, dk, dv)
 
 
 def backward(d_out, q, k, v, o_saved, lse, o32, settings: AttentionSettings, nm: Numerics, noise_keys=None):

@@ -24,7 +24,8 @@ from typing import Any, Optional
 
 import yaml
 
-from kernels.modes import DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS, paper_block_keys_problem
+from kernels.modes import (DELTA_REFERENCES, DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS,
+                          paper_block_keys_problem)
 from launcher.monitors.warning import SIGNALS as WARNING_SIGNALS  # monitor.warning_<signal> thresholds
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
@@ -748,6 +749,7 @@ def attention_problems(a: AttentionConfig, where: str) -> list[str]:
     problems += _choice(a.rounding, ROUNDINGS, f"{where}.rounding")
     problems += _choice(a.fix, FIXES, f"{where}.fix")
     problems += _choice(a.delta_sign, DELTA_SIGNS, f"{where}.delta_sign")
+    problems += _choice(a.delta_reference, DELTA_REFERENCES, f"{where}.delta_reference")
     if not (math.isfinite(a.delta_gain) and a.delta_gain >= 0):
         problems.append(f"{where}.delta_gain={a.delta_gain} must be a finite number >= 0 (1.0: the mode's own "
                         "numerics; 0: fix=fp32_output's delta)")

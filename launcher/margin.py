@@ -41,7 +41,7 @@ from typing import Optional
 
 import yaml
 
-from kernels.modes import FIXES, ROUNDINGS
+from kernels.modes import DELTA_REFERENCES, FIXES, REFERENCE_FIX, ROUNDINGS
 from launcher.config import ConfigError, _build, build_config, environment_problems, field_docs, load_recipe
 from launcher.margin_report import STATE_FILE, bisect_path, load_state, save_state
 from model.attention import AttentionConfig
@@ -49,8 +49,7 @@ from model.attention import AttentionConfig
 REPO = Path(__file__).resolve().parent.parent
 SIGNS = ("kept", "random")
 SCHEDULES = ("bisect", "full")
-NO_DELTA_FIXES = ("fp32_output",)  # fixes whose backward takes delta from an FP32 O: no delta error to amplify
-DELTA_FIELDS = ("delta_gain", "delta_sign")
+DELTA_FIELDS = ("delta_gain", "delta_sign", "delta_reference")
 
 
 @dataclass
@@ -60,8 +59,12 @@ class MarginConfig:
     numerics: list[str] = field(default_factory=lambda: ["paper/none", "fa2/none"])
     """Attention numerics to compare, each "rounding/fix" (attention.rounding / attention.fix), e.g. paper/none."""
     gains: list[float] = field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0, 100.0])
-    """Delta-error gains g (attention.delta_gain): delta = delta_fp32 + g * s * (delta_mode - delta_fp32). 1 = the
-    mode's own numerics, 0 = fp32_output's delta."""
+    """Delta-error gains g (attention.delta_gain): delta = delta_ref + g * s * (delta_mode - delta_ref). 1 = the
+    mode's own numerics, 0 = the reference's delta (margin.reference)."""
+    reference: str = "fp32_output"
+    """delta_ref of the gains' formula (attention.delta_reference): fp32_output (delta from the FP32 O of the same
+    forward; fix=fp32_output then has no error to amplify) or exact (rowsum(P * dP) with the backward's own P, as
+    fix=exact_delta computes it; then fp32_output gets a finite margin and exact_delta has none to measure)."""
     signs: list[str] = field(default_factory=lambda: ["kept", "random"])
     """Signs s of the amplified error (attention.delta_sign): kept (the mode's own, persistent sign) and/or random
     (+-1 per row and step: the control with the same error size but no persistent sign)."""
@@ -153,18 +156,20 @@ def arm_name(rounding: str, fix: str, gain: Optional[float], sign: Optional[str]
     return f"{base}_g{gain:g}" + (f"_{sign}" if sign else "")
 
 
-def cell_arm(cell: Cell) -> tuple[str, dict, str]:
-    """(arm name, attention section, why collapsed or '') of a cell."""
+def cell_arm(cell: Cell, reference: str = "fp32_output") -> tuple[str, dict, str]:
+    """(arm name, attention section, why collapsed or '') of a cell, the delta error measured from ``reference``."""
     rounding, fix = split_numerics(cell.numerics)
     attention = {"rounding": rounding, "fix": fix}
-    if fix in NO_DELTA_FIXES:
-        return arm_name(rounding, fix, None, None), attention, f"fix={fix} has no delta error"
+    if fix == REFERENCE_FIX[reference]:
+        return arm_name(rounding, fix, None, None), attention, f"fix={fix} has no delta error against {reference}"
     if cell.gain == 1.0 and cell.sign == "kept":
         return arm_name(rounding, fix, 1.0, "kept"), attention, ""
+    stress = {"delta_reference": reference} if reference != "fp32_output" else {}
     if cell.gain == 0.0:
-        return arm_name(rounding, fix, 0.0, None), {**attention, "delta_gain": 0.0}, "gain 0 removes the sign"
+        return (arm_name(rounding, fix, 0.0, None), {**attention, "delta_gain": 0.0, **stress},
+                "gain 0 removes the sign")
     return arm_name(rounding, fix, cell.gain, cell.sign), {**attention, "delta_gain": cell.gain,
-                                                           "delta_sign": cell.sign}, ""
+                                                           "delta_sign": cell.sign, **stress}, ""
 
 
 def expand(config: MarginConfig) -> Plan:
@@ -177,7 +182,7 @@ def expand(config: MarginConfig) -> Plan:
             for sign in config.signs:
                 for gain in sorted(config.gains):
                     cell = Cell(numerics, float(gain), sign, seed)
-                    name, attention, why = cell_arm(cell)
+                    name, attention, why = cell_arm(cell, config.reference)
                     key = f"seed_{seed}/{name}"
                     if key in arms:
                         arms[key].cells.append(cell)
@@ -212,6 +217,8 @@ def margin_problems(m: MarginConfig) -> list[str]:
         problems.append(f"margin.signs={m.signs} must be distinct values of: {', '.join(SIGNS)}")
     if not m.seeds or len(set(m.seeds)) != len(m.seeds):
         problems.append(f"margin.seeds={m.seeds} must be distinct integers, e.g. [1337, 1338]")
+    if m.reference not in DELTA_REFERENCES:
+        problems.append(f"margin.reference={m.reference!r} is not one of: {', '.join(DELTA_REFERENCES)}")
     if m.schedule not in SCHEDULES:
         problems.append(f"margin.schedule={m.schedule!r} is not one of: {', '.join(SCHEDULES)}")
     if m.processes < 1:
@@ -231,7 +238,8 @@ def delta_fields_problem(plan: Plan) -> Optional[str]:
     """The arms need attention.delta_gain / delta_sign; say so if this checkout's config lacks them."""
     have = {f.name for f in dataclasses.fields(AttentionConfig)}
     needing = [a.name for a in plan.arms.values() if set(a.attention) & set(DELTA_FIELDS)]
-    if needing and not set(DELTA_FIELDS) <= have:
+    used = {f for a in plan.arms.values() for f in a.attention if f in DELTA_FIELDS}
+    if needing and not used <= have:
         return (f"margin.gains/signs need attention.delta_gain and attention.delta_sign (issue 19), which this "
                 f"checkout's AttentionConfig does not have (arms {', '.join(needing[:3])}...); use margin.gains=[1] "
                 "margin.signs=[kept], or a checkout with the delta-gain fields")

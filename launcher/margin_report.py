@@ -26,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from kernels.modes import REFERENCE_FIX
 from launcher.compare import load_scalars, smooth
 from launcher.monitors import tags
 from launcher.monitors.warning import WarningRule, replay
@@ -292,7 +293,8 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
 
     md = [f"# Margin report: {experiment_dir}", "",
           f"{len(plan.arms)} distinct runs for {sum(len(a.cells) for a in plan.arms.values())} grid cells; "
-          f"{max_steps} steps per arm; schedule {m.schedule}.", "",
+          f"{max_steps} steps per arm; schedule {m.schedule}; delta error measured from the {m.reference} "
+          f"reference (delta = delta_ref + g * s * (delta_mode - delta_ref)).", "",
           f"**Divergence rule**: {rule.describe()}.", "",
           "## Margin per numerics", "",
           "Largest gain that survived / smallest that diverged within the run's steps. `(implied)`: the bisection "
@@ -485,8 +487,9 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
     for numerics in m.numerics:
         keys = [k for k, a in plan.arms.items() if a.cells[0].numerics == numerics and scalars.get(k)]
         rounding = numerics.split("/")[0]
-        # the same rounding with an FP32 delta (no delta error), drawn grey as the reference of the other figures
-        refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/fp32_output"
+        # the same rounding with the reference's own delta (no delta error), drawn grey as the others' reference
+        reference_fix = REFERENCE_FIX[m.reference]
+        refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/{reference_fix}"
                 and scalars.get(k) and k not in keys]
         name = f"curves_{numerics.replace('/', '-')}.png"
         fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
@@ -540,7 +543,7 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
                        title="gain, sign (dashed: random)")
         fig.suptitle(f"{numerics}: dotted vertical line = divergence step, triangle = early warning onset; "
                      "curves end where a diverged arm was stopped"
-                     + (f"; grey = {rounding}/fp32_output" if refs else ""),
+                     + (f"; grey = {rounding}/{reference_fix}" if refs else ""),
                      fontsize=10)
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, bbox_inches="tight")

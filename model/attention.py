@@ -44,7 +44,9 @@ class AttentionConfig:
     default); dynamic_max_published (the paper's rule as the authors run it: where it underflows, their row-sum
     clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O); stochastic_output (O rounded to BF16
     stochastically from the FP32 O, unbiased, keyed per row, head, position and channel; needs BF16 attention
-    inputs: precision.dtype=bf16, or the reference backend, which rounds FP32 inputs to BF16)."""
+    inputs: precision.dtype=bf16, or the reference backend, which rounds FP32 inputs to BF16); exact_delta (the
+    forward of none; the backward's delta is rowsum(P * dP) in FP32 with its own P, one more pass over the key
+    tiles, instead of rowsum(dO * O))."""
     paper_block_keys: int = 512
     """Keys per tile of rounding=paper: the running O and row sum are rounded to BF16 once per tile, and the fixes
     look for repeated maxima per tile. 512 as in the authors' code; 0 puts the whole row in one tile (the paper's
@@ -54,13 +56,17 @@ class AttentionConfig:
     eps: float = 1e-3
     """Scores within eps of the row maximum count as ties (the fixes' trigger and the tie-rate monitor's)."""
     delta_gain: float = 1.0
-    """Stress test of the backward (finite, >= 0): delta = delta_fp32 + delta_gain x s x (delta_mode - delta_fp32),
-    delta_mode = rowsum(dO * O) as the mode computes it, delta_fp32 from the FP32 O of the same forward. 1.0 is the
-    mode's own numerics (bit-identical, no extra cost); 0 gives fix=fp32_output's delta. Not with backend=sdpa."""
+    """Stress test of the backward (finite, >= 0): delta = delta_ref + delta_gain x s x (delta_mode - delta_ref),
+    delta_mode = the delta the mode computes (rowsum(dO * O)), delta_ref as delta_reference says. 1.0 is the mode's
+    own numerics (bit-identical, no extra cost); 0 gives the reference's delta. Not with backend=sdpa."""
     delta_sign: str = "kept"
     """s in delta_gain's formula: kept (+1, the error keeps its sign) or random (+-1 per row, head and query
     position, hashed from run seed, step, layer and global batch row: the same error size without a persistent
     sign, the control of the bias). Not with backend=sdpa."""
+    delta_reference: str = "fp32_output"
+    """delta_ref of delta_gain's formula: fp32_output (rowsum(dO * O_fp32), the FP32 O of the same forward:
+    fix=fp32_output's delta, so that fix has no error to amplify) or exact (rowsum(P * dP) with the backward's own P:
+    fix=exact_delta's delta; one more pass over the key tiles). Used only when delta_gain != 1 or delta_sign=random."""
     autotune: bool = True
     """Triton backend only (ignored by the others): true times the kernel's tile configurations on the first call of
     each shape and keeps the fastest; false runs the fixed 64 x 64 tiles. The key tile sets the order of the FP32
@@ -119,7 +125,8 @@ def attention_settings(config: AttentionConfig, head_offset: int = 0, total_head
         raise ValueError("attention.backend=sdpa runs torch's attention, which has no kernel settings")
     return AttentionSettings(causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
                              paper_block_keys=config.paper_block_keys, delta_gain=config.delta_gain,
-                             delta_sign=config.delta_sign, head_offset=head_offset, total_heads=total_heads,
+                             delta_sign=config.delta_sign, delta_reference=config.delta_reference,
+                             head_offset=head_offset, total_heads=total_heads,
                              backend=config.backend, autotune=config.autotune, deterministic=config.deterministic)
 
 

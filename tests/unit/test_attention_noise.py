@@ -248,7 +248,7 @@ def test_gain_one_kept_is_the_mode_bit_for_bit(rounding, fix, seed):
 def test_gain_zero_gives_the_fp32_output_delta(rounding, fix, seed):
     """Gain 0: delta = delta_fp32 exactly, delta_fp32 = rowsum(dO * O_fp32) of the same forward (bit for bit, the
     same FP32 sums as fp32_output's delta). Where the forward equals fix=none's (none, fp32_output,
-    stochastic_output: same LSE), the gradients are fp32_output's bit for bit."""
+    stochastic_output, exact_delta: same LSE), the gradients are fp32_output's bit for bit."""
     q, k, v, d_out = tied_maxima_inputs(1, 4, 2, 80, dim=32)
     keys = keys_for(1, seed)
     nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix, delta_gain=0.0), BF16)
@@ -256,10 +256,11 @@ def test_gain_zero_gives_the_fp32_output_delta(rounding, fix, seed):
     out, lse, o32 = forward_core(q, kk, vv, True, nm, 64, noise_keys=keys)
     dof = d_out.float()
     o_mode = o32 if fix == "fp32_output" else out
-    assert same_bits(delta_of(dof, o_mode, nm, o32, keys), (dof * o32).sum(-1))
+    exact = reference.exact_delta(q, kk, vv, d_out, lse, True, nm, 64) if fix == "exact_delta" else None
+    assert same_bits(delta_of(dof, o_mode, nm, o32, keys, exact=exact), (dof * o32).sum(-1))
     nm_fp32 = check_args(q, k, v, AttentionSettings(rounding=rounding, fix="fp32_output"), BF16)
     _, _, o32_fp32 = forward_core(q, kk, vv, True, nm_fp32, 64)
-    if fix in ("none", "fp32_output", "stochastic_output"):
+    if fix in ("none", "fp32_output", "stochastic_output", "exact_delta"):
         assert same_bits(o32, o32_fp32), "the same FP32 O as fp32_output (paper: the same shadow accumulation)"
         zero = out_and_grads(q, k, v, d_out, True, rounding, fix, delta_gain=0.0, noise_keys=keys)
         fp32 = out_and_grads(q, k, v, d_out, True, rounding, "fp32_output")

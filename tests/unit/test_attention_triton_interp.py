@@ -683,3 +683,71 @@ def test_stochastic_output_refuses_fp16_in_kernel():
     q = torch.randn(1, 2, 8, 32).half()
     with pytest.raises(ValueError, match="use bf16"):
         flash_attention(q, q, q, fix="stochastic_output")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# fix=exact_delta, delta_reference=exact (issue 34; the reference's side: test_attention_exact_delta.py)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_exact_delta_in_kernel_is_the_fp64_rowsum_within_its_bound(rounding, seed):
+    """The kernel's exact pass (a launch of its own) against FP64 rowsum(P * dP) / rowsum(P) of the backward's P:
+    within gamma(2n + D + 4) T / rowsum(P), the reference's bound (test_attention_exact_delta.py) plus 4 ulps for
+    P's exp2, which numpy evaluates in the kernel and torch here (each within an ulp or two of exact). GQA heads."""
+    from tests.unit.test_attention_exact_delta import fp64_rowsum_p_dp, gamma
+
+    q, k, v, d_out = tied_maxima_inputs(1, 2, 1, 130)
+    settings = AttentionSettings(backend="triton", rounding=rounding, fix="exact_delta", out_fill=NAN)
+    nm = triton_flash.prepare(q, k, v, settings)
+    out, lse, _ = triton_flash.forward(q, k, v, settings, nm)
+    launches, _ = triton_flash._backward_launches(d_out, q, k, v, out, lse, settings, nm)
+    exact_launch = launches[0]
+    assert exact_launch.kernel is triton_flash.DELTA_EXACT and len(launches) == 3  # no rowsum(dO * O) launch
+    exact_launch()
+    delta = exact_launch.tensors[-1]
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    delta64, size = fp64_rowsum_p_dp(q, kk, vv, d_out, lse, True, nm)
+    err = (delta.double() - delta64).abs()
+    assert (err <= gamma(2 * 130 + 64 + 4) * size).all(), f"seed={seed}: worst {(err / size).max().item():.2e}"
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_exact_reference_in_kernel(rounding, seed):
+    """delta_reference=exact in the kernel: gain 0 gives exact_delta's gradients bit for bit (the gain launch adds
+    gain * 0 to the exact pass's delta); gain 5 with random signs on fp32_output (whose delta now has an error to
+    amplify) matches the reference."""
+    q, k, v, d_out = tied_maxima_inputs(1, 2, 2, 80, dim=32)
+    keys = _keys(1, seed)
+
+    def run(fn, **kw):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, True, rounding, noise_keys=keys, **kw)
+        out.backward(d_out)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    exact = run(flash_attention, fix="exact_delta")
+    zero = run(flash_attention, fix="none", delta_gain=0.0, delta_reference="exact")
+    assert all(same_bits(a, b) for a, b in zip(exact, zero)), f"seed={seed}"
+    kw = dict(fix="fp32_output", delta_gain=5.0, delta_sign="random", delta_reference="exact")
+    for name, g, rg in zip("Oqkv", run(flash_attention, **kw), run(reference_attention, **kw)):
+        assert rel_err(g, rg) < 2e-3, f"seed={seed}: {name} differs from the reference"
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_v_one_in_kernel(rounding, seed):
+    """V = 1 in the kernel: O within the mode's bound of 1, and exact_delta's dQ and dK ~0 (the exact softmax's are
+    0) where fp32_output's are not (its O32 = sum LP(P) / sum P; test_attention_exact_delta.py)."""
+    from tests.unit.test_attention_exact_delta import O_BOUND, v_one_inputs
+
+    q, k, v, d_out = v_one_inputs()
+    grads = {}
+    for fix in ("fp32_output", "exact_delta"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, True, rounding, fix)
+        assert ((out.float() - 1).abs() <= O_BOUND[rounding]).all(), f"seed={seed}: {fix}"
+        out.backward(d_out)
+        grads[fix] = [t.grad.double() for t in leaves]
+    for name, i in (("dq", 0), ("dk", 1)):
+        rms = {fix: g[i].square().mean().sqrt().item() for fix, g in grads.items()}
+        assert rms["exact_delta"] < 2.0**-8 * rms["fp32_output"], f"seed={seed}: {name} {rms}"

@@ -34,6 +34,21 @@ def test_grid_collapses_redundant_cells():
     assert any("collapsed" in n for n in plan.notes)
 
 
+def test_exact_reference_gives_fp32_output_a_margin_and_collapses_exact_delta():
+    """margin.reference=exact: the gains amplify delta_mode - delta_exact, so fp32_output's cells are runs of their
+    own (with attention.delta_reference=exact) and exact_delta, which has no error against it, is one run."""
+    plan = expand(MarginConfig(numerics=["fa2/fp32_output", "fa2/exact_delta"], gains=[0, 1, 10],
+                               signs=["kept", "random"], seeds=[1], reference="exact"))
+    assert set(plan.arms) == {"seed_1/fa2-fp32_output_g0", "seed_1/fa2-fp32_output_g1_kept",
+                              "seed_1/fa2-fp32_output_g1_random", "seed_1/fa2-fp32_output_g10_kept",
+                              "seed_1/fa2-fp32_output_g10_random", "seed_1/fa2-exact_delta"}
+    assert plan.arms["seed_1/fa2-fp32_output_g10_kept"].attention == {
+        "rounding": "fa2", "fix": "fp32_output", "delta_gain": 10.0, "delta_sign": "kept", "delta_reference": "exact"}
+    assert plan.arms["seed_1/fa2-fp32_output_g1_kept"].attention == {"rounding": "fa2", "fix": "fp32_output"}
+    assert len(plan.arms["seed_1/fa2-exact_delta"].cells) == 6
+    assert "margin.reference" in margin_problems(MarginConfig(reference="fp64"))[0]
+
+
 @pytest.mark.parametrize("threshold", [1, 5, 7, 20, 50, 100, 1000])
 def test_bisection_finds_the_boundary_in_few_runs(threshold):
     gains = [1, 5, 10, 20, 50, 100]
