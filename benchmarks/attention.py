@@ -111,7 +111,7 @@ def breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic: bool = True):
     fields = ops.settings_fields(settings)
     nm = tf.prepare(q, k, v, settings)
     with torch.no_grad():
-        out, lse, _ = tf.forward(q, k, v, settings, nm)
+        out, lse, _, _ = tf.forward(q, k, v, settings, nm)
     t_fwd = bench(lambda: tf.forward(q, k, v, settings, nm), rep_ms)
     t_bwd = bench(lambda: tf.backward(d_out, q, k, v, out, lse, None, settings, nm), rep_ms)
     t_op = bench(lambda: ops.flash_bwd(d_out, q, k, v, out, lse, None, None, "triton", *fields), rep_ms)

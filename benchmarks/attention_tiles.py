@@ -49,7 +49,7 @@ def prepare(shape, mode: str, autotune: bool = True):
                       for _ in range(4))
     settings = AttentionSettings(rounding=rounding, fix=fix, backend="triton", autotune=autotune)
     nm = tf.prepare(q, k, v, settings)
-    fwd, out, lse, o32 = tf._forward_launch(q, k, v, settings, nm)
+    fwd, out, lse, o32, _ = tf._forward_launch(q, k, v, settings, nm)
     fwd()
     saved = o32 if nm.keeps_fp32_output else out
     (delta, dkdv, dq), _ = tf._backward_launches(d_out, q, k, v, saved, lse, settings, nm)

@@ -91,6 +91,8 @@ class Numerics:
     delta_gain: float = 1.0  # FP32; delta = delta_ref + gain * s * (delta_mode - delta_ref)
     delta_random: bool = False  # s = +-1 per row from the noise hash (else s = +1)
     delta_exact_ref: bool = False  # delta_ref = rowsum(P * dP) (delta_reference=exact), else rowsum(dO * O_fp32)
+    output_gain: float = 1.0  # FP32; the O returned is LP(O_fp32 + gain * s * (O_mode - O_fp32))
+    output_random: bool = False  # its s = +-1 per row from the noise hash (another salt than the delta's)
     # paper, bf16 and a power-of-two sm_scale (head_dim 16, 64): LP(q.k) * scale is a bf16 value already (down to
     # FP32's smallest normal), so the kernel leaves out S's second rounding (triton_flash._paper_score); same bits
     score_rounds_once: bool = False
@@ -117,14 +119,20 @@ class Numerics:
         return self.fix == FIX_FP32_OUTPUT or (self.amplified and not self.delta_exact_ref)
 
     @property
+    def output_amplified(self) -> bool:
+        """The forward-error stress (output_gain != 1 or random signs): the O returned is the FP32 O plus the
+        amplified rounding error, the mode's own O is kept for the backward's delta. False: the mode's code path."""
+        return self.output_gain != 1.0 or self.output_random
+
+    @property
     def shadow(self) -> bool:
         """rounding=paper keeps an FP32 shadow accumulation: the FP32 O of fp32_output, of the amplified path's
-        delta_fp32, and the value that stochastic_output rounds."""
-        return self.paper and (self.keeps_fp32_output or self.stochastic)
+        delta_fp32, of the output stress, and the value that stochastic_output rounds."""
+        return self.paper and (self.keeps_fp32_output or self.stochastic or self.output_amplified)
 
     @property
     def needs_noise_keys(self) -> bool:
-        return self.stochastic or self.delta_random
+        return self.stochastic or self.delta_random or self.output_random
 
 
 def paper_block_keys_problem(paper_block_keys) -> str | None:
@@ -176,6 +184,8 @@ class AttentionSettings:
     delta_gain: float = 1.0  # delta = delta_fp32 + gain * s * (delta_mode - delta_fp32)
     delta_sign: str = "kept"  # DELTA_SIGNS: s = +1, or +-1 per row from the noise hash
     delta_reference: str = "fp32_output"  # DELTA_REFERENCES: delta_ref of the delta_gain formula
+    output_gain: float = 1.0  # forward stress: O returned = LP(O_fp32 + gain * s * (O_mode - O_fp32))
+    output_sign: str = "kept"  # DELTA_SIGNS: s = +1, or +-1 per row (its own hash salt)
     head_offset: int = 0  # q's head h is the model's head head_offset + h of total_heads (tensor parallelism)
     total_heads: int = 0  # 0: q.shape[1], not sharded
     backend: str = "auto"  # BACKENDS: which implementation computes the call (kernels.implementation)
@@ -190,11 +200,11 @@ class AttentionSettings:
             raise ValueError(f"rounding={self.rounding!r} is not one of {ROUNDINGS}")
         if self.fix not in FIXES:
             raise ValueError(f"fix={self.fix!r} is not one of {FIXES}")
-        for name in ("beta", "eps", "delta_gain"):
+        for name in ("beta", "eps", "delta_gain", "output_gain"):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value):
                 raise ValueError(f"{name}={value!r} must be a finite number"
-                                 + (" (1.0: the mode's own delta)" if name == "delta_gain" else ""))
+                                 + (" (1.0: the mode's own numerics)" if name.endswith("_gain") else ""))
             object.__setattr__(self, name, float(value))  # one type per value: equal settings hash alike
         if not self.beta > 1.0:
             raise ValueError(f"beta={self.beta} must be > 1 (the published rule shifts a repeated maximum to beta x "
@@ -206,6 +216,8 @@ class AttentionSettings:
             raise ValueError(problem)
         if self.delta_sign not in DELTA_SIGNS:
             raise ValueError(f"delta_sign={self.delta_sign!r} is not one of {DELTA_SIGNS}")
+        if self.output_sign not in DELTA_SIGNS:
+            raise ValueError(f"output_sign={self.output_sign!r} is not one of {DELTA_SIGNS}")
         if self.delta_reference not in DELTA_REFERENCES:
             raise ValueError(f"delta_reference={self.delta_reference!r} is not one of {DELTA_REFERENCES}")
         check_heads(0, self.head_offset, self.total_heads)
@@ -233,20 +245,26 @@ class AttentionSettings:
         return self.fix == "fp32_output" or (self.amplified and self.delta_reference == "fp32_output")
 
     @property
+    def output_amplified(self) -> bool:
+        """The forward-error stress path (``Numerics.output_amplified``)."""
+        return self.output_gain != 1.0 or self.output_sign == "random"
+
+    @property
     def needs_noise_keys(self) -> bool:
-        """Whether the call draws random bits (fix=stochastic_output, random delta signs)."""
-        return self.fix == "stochastic_output" or self.delta_sign == "random"
+        """Whether the call draws random bits (fix=stochastic_output, random delta or output signs)."""
+        return self.fix == "stochastic_output" or "random" in (self.delta_sign, self.output_sign)
 
     def numerics(self, head_dim: int, dtype: torch.dtype) -> Numerics:
         """The FP32 scalars of these settings for one head size and input dtype (shared by kernel and reference)."""
         return _numerics(self.rounding, self.fix, self.beta, self.eps, head_dim, dtype, self.paper_block_keys,
-                         self.delta_gain, self.delta_sign, self.delta_reference)
+                         self.delta_gain, self.delta_sign, self.delta_reference, self.output_gain, self.output_sign)
 
 
 @functools.lru_cache(maxsize=256)
 def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, dtype: torch.dtype,
               paper_block_keys: int, delta_gain: float = 1.0, delta_sign: str = "kept",
-              delta_reference: str = "fp32_output") -> Numerics:
+              delta_reference: str = "fp32_output", output_gain: float = 1.0,
+              output_sign: str = "kept") -> Numerics:
     paper = rounding == "paper"
     sm_scale = _fp32(head_dim**-0.5)
     if fix == "dynamic_max":
@@ -265,6 +283,8 @@ def _numerics(rounding: str, fix: str, beta: float, eps: float, head_dim: int, d
         delta_gain=_fp32(delta_gain),
         delta_random=delta_sign == "random",
         delta_exact_ref=delta_reference == "exact",
+        output_gain=_fp32(output_gain),
+        output_random=output_sign == "random",
         score_rounds_once=paper and dtype == torch.bfloat16 and math.frexp(sm_scale)[0] == 0.5,
     )
 

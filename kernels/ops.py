@@ -4,8 +4,9 @@ A compiled implementation (``kernels.triton_flash`` today; chosen by name throug
 module with
 
 - ``prepare(q, k, v, settings, noise_keys) -> Numerics``: checks the call;
-- ``forward(q, k, v, settings, nm, noise_keys) -> (O, LSE, O32)``: O in the input dtype, LSE (B, H, T) FP32, the
-  FP32 O where ``settings.keeps_fp32_output`` (else an empty tensor);
+- ``forward(q, k, v, settings, nm, noise_keys) -> (O, LSE, O32, O_mode)``: O in the input dtype, LSE (B, H, T)
+  FP32, the FP32 O where ``settings.keeps_fp32_output``, the mode's own O under the output stress
+  (``settings.output_amplified``: O is then the amplified one), else empty tensors;
 - ``backward(d_out, q, k, v, o_saved, lse, o32, settings, nm, noise_keys) -> (dq, dk, dv)``;
 - ``forward_outputs(q, settings)``, ``backward_outputs(q, k, v, settings)``: the tensors those allocate (the fake
   kernels that torch.compile traces with).
@@ -42,10 +43,11 @@ def settings_fields(settings: AttentionSettings) -> tuple:
     return tuple(getattr(settings, name) for name in FIELDS)
 
 
-def _saved(settings: AttentionSettings, q, k, v, out, lse, o32, noise_keys) -> tuple:
-    """What the backward needs: delta_mode's O (the FP32 O for fp32_output, else O) and, on the amplified delta path
-    only, the FP32 O of delta_fp32 and the noise keys of random signs."""
-    o_mode = o32 if settings.fix == "fp32_output" else out
+def _saved(settings: AttentionSettings, q, k, v, out, lse, o32, o_mode, noise_keys) -> tuple:
+    """What the backward needs: delta_mode's O (the FP32 O for fp32_output, else the mode's O: the returned one, or
+    under the output stress the one kept beside it) and, on the amplified delta path only, the FP32 O of delta_fp32
+    and the noise keys of random signs."""
+    o_mode = o32 if settings.fix == "fp32_output" else o_mode if settings.output_amplified else out
     if settings.amplified:
         return q, k, v, o_mode, lse, o32, noise_keys
     return q, k, v, o_mode, lse, None, None
@@ -56,8 +58,8 @@ class _EagerAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, name: str, settings: AttentionSettings, noise_keys):
         module = _module(name)
         nm = module.prepare(q, k, v, settings, noise_keys)
-        out, lse, o32 = module.forward(q, k, v, settings, nm, noise_keys)
-        ctx.save_for_backward(*_saved(settings, q, k, v, out, lse, o32, noise_keys))
+        out, lse, o32, o_mode = module.forward(q, k, v, settings, nm, noise_keys)
+        ctx.save_for_backward(*_saved(settings, q, k, v, out, lse, o32, o_mode, noise_keys))
         ctx.module, ctx.settings, ctx.nm = module, settings, nm
         return out
 
@@ -95,8 +97,9 @@ def _flash_bwd(d_out, q, k, v, o_saved, lse, o32, noise_keys, implementation, *f
 flash_fwd = torch.library.custom_op(
     "sla_attention::flash_fwd", _flash_fwd, mutates_args=(),
     schema=f"(Tensor q, Tensor k, Tensor v, Tensor? noise_keys, str implementation, {_SETTINGS_SCHEMA}) "
-           "-> (Tensor, Tensor, Tensor)")
-flash_fwd.__doc__ = """Forward: (O, LSE, FP32 O or an empty tensor) of ``implementation`` with the settings' fields."""
+           "-> (Tensor, Tensor, Tensor, Tensor)")
+flash_fwd.__doc__ = """Forward: (O, LSE, FP32 O, the mode's O; empty where not kept) of ``implementation`` with the
+settings' fields."""
 flash_bwd = torch.library.custom_op(
     "sla_attention::flash_bwd", _flash_bwd, mutates_args=(),
     schema=f"(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor o_saved, Tensor lse, Tensor? o32, Tensor? noise_keys, "
@@ -117,12 +120,12 @@ def _(d_out, q, k, v, o_saved, lse, o32, noise_keys, implementation, *fields):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, noise_keys, implementation, *fields = inputs
-    out, lse, o32 = output
-    ctx.save_for_backward(*_saved(AttentionSettings(*fields), q, k, v, out, lse, o32, noise_keys))
+    out, lse, o32, o_mode = output
+    ctx.save_for_backward(*_saved(AttentionSettings(*fields), q, k, v, out, lse, o32, o_mode, noise_keys))
     ctx.implementation, ctx.fields = implementation, fields
 
 
-def _backward_rule(ctx, d_out, _d_lse, _d_o32):
+def _backward_rule(ctx, d_out, _d_lse, _d_o32, _d_o_mode):
     q, k, v, o_saved, lse, o32, noise_keys = ctx.saved_tensors
     dq, dk, dv = flash_bwd(d_out, q, k, v, o_saved, lse, o32, noise_keys, ctx.implementation, *ctx.fields)
     return dq, dk, dv, None, None, *([None] * len(ctx.fields))
@@ -147,7 +150,9 @@ def saved_output(implementation: str, q: torch.Tensor, k: torch.Tensor, v: torch
     module = _module(implementation)
     nm = module.prepare(q, k, v, settings, noise_keys)
     with torch.no_grad():
-        out, lse, o32 = module.forward(q, k, v, settings, nm, noise_keys)
+        out, lse, o32, o_mode = module.forward(q, k, v, settings, nm, noise_keys)
+        if nm.output_amplified:  # the O delta uses is the mode's, not the returned one
+            out = o_mode
         o_exact = None
         if nm.exact_pass:  # P V with the backward's P, recomputed from this kernel's LSE
             heads = q.shape[1]

@@ -35,7 +35,7 @@ import torch
 
 from kernels.modes import (FIX_EXACT_DELTA, FIX_FP32_OUTPUT, FIX_PUBLISHED, FIX_SAFE, KEY_TILE, ROW_SUM_FLOOR,
                            AttentionSettings, Numerics, check_args, check_heads)
-from kernels.rounding import LN2, LOG2E, delta_signs, round_lp, safe_shift, stochastic_bf16
+from kernels.rounding import LN2, LOG2E, OUTPUT_SIGN_SALT, delta_signs, round_lp, safe_shift, stochastic_bf16
 
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -96,8 +96,9 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     q's head h is the model's head ``head_offset + h`` of ``total_heads`` (0: q.shape[1]); the safe fix's hash uses
     that global index, so a slice of the heads gives the same bits as the whole (tensor parallelism).
 
-    Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output and the amplified
-    delta path, ``nm.keeps_fp32_output``) is the normalised output without its final rounding; for rounding=paper it
+    Returns (O in LP dtype, LSE in FP32 natural log, O_fp32 or None). ``O_fp32`` (fix=fp32_output, the amplified
+    delta path and the output stress: ``nm.keeps_fp32_output``, ``nm.output_amplified``) is the normalised output
+    without its final rounding; for rounding=paper it
     is a shadow FP32 accumulation of the same per-tile products (before their rounding) with FP32 row sums.
     fix=stochastic_output: O = SR_bf16 of that FP32 O, keyed by ``noise_keys`` (batch,) (None: 0 for every row), the
     global head and the query position and channel. ``kv_len`` (testing only) masks keys >= kv_len.
@@ -162,7 +163,7 @@ def forward_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         lse = m_i + torch.log2(l_i) * LN2
     else:
         lse = (m_i * nm.exp_scale + torch.log2(l_i)) * LN2
-    if not nm.keeps_fp32_output:
+    if not (nm.keeps_fp32_output or nm.output_amplified):
         return out, lse, None
     return out, lse, o32
 
@@ -317,11 +318,13 @@ class _ReferenceAttention(torch.autograd.Function):
             out, lse, o32 = forward_core(ql, _expand_kv(kl, heads), _expand_kv(vl, heads), settings.causal, nm,
                                          block_n, head_offset=settings.head_offset, total_heads=settings.total_heads,
                                          noise_keys=noise_keys)
-        if nm.amplified:  # delta_mode from the mode's O (the FP32 O for fp32_output), delta_fp32 from o32
-            o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out
+        o_mode = o32 if nm.fix == FIX_FP32_OUTPUT else out  # what delta_mode uses (exact_delta: none)
+        if nm.amplified:  # delta_fp32 from o32 (or the exact pass)
             ctx.save_for_backward(ql, kl, vl, o_mode, lse, o32, noise_keys)
         else:
-            ctx.save_for_backward(ql, kl, vl, out if o32 is None else o32, lse, None, None)
+            ctx.save_for_backward(ql, kl, vl, o_mode, lse, None, None)
+        if nm.output_amplified:  # the next layer sees the amplified O; the backward's delta keeps the mode's
+            out = amplified_output(out, o32, nm, noise_keys, settings.head_offset)
         ctx.args = (settings, nm, block_n, in_dtype)
         return out.to(in_dtype)
 
@@ -365,6 +368,18 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *fiel
     with the kernel and changes no bit (rows are independent)."""
     _check_blocks(block_m, block_n)
     return attention(q, k, v, AttentionSettings(*fields, **named), noise_keys, block_n)
+
+
+def amplified_output(o_mode: torch.Tensor, o32: torch.Tensor, nm: Numerics, noise_keys: torch.Tensor | None = None,
+                     head_offset: int = 0) -> torch.Tensor:
+    """The output stress (output_gain != 1 or output_sign="random"): LP(O_fp32 + gain * s * (O_mode - O_fp32)) in
+    the LP dtype, O_mode the mode's O (LP; SR'd for stochastic_output), O_fp32 the FP32 O (paper: its shadow),
+    s = +1 or +-1 per (noise key, global head, position) with the output salt. Each operation rounds once in FP32
+    (on the GPU the compiler may fuse the multiply-add: one rounding less, so the last LP bit can differ there)."""
+    gain = torch.full(o32.shape[:-1], nm.output_gain, device=o32.device)
+    if nm.output_random:
+        gain = gain * delta_signs(o32.shape[:-1], noise_keys, head_offset, o32.device, OUTPUT_SIGN_SALT)
+    return round_lp(o32 + gain.unsqueeze(-1) * (o_mode.float() - o32), o_mode.dtype).to(o_mode.dtype)
 
 
 def effective_output(out: torch.Tensor, o32: torch.Tensor | None, nm: Numerics,

@@ -93,7 +93,8 @@ _LAYER_MULT = 0x7FEB352D
 _HEAD_MULT = 0x85EBCA77
 _POS_MULT = 0xC2B2AE3D
 _CHANNEL_MULT = 0x27D4EB2F
-_SIGN_SALT = 0x68E31DA4
+_SIGN_SALT = 0x68E31DA4  # delta_sign="random"
+OUTPUT_SIGN_SALT = 0x2C1B3C6D  # output_sign="random": signs independent of the delta's
 _LOW16 = 0xFFFF
 
 
@@ -140,9 +141,10 @@ def noise_row_hash(keys: torch.Tensor, heads: torch.Tensor, positions: torch.Ten
                  _POS_MULT)
 
 
-def random_signs(row_hash: torch.Tensor) -> torch.Tensor:
-    """delta_sign="random": s = -1 where the top bit of mix32(row hash ^ salt) is set, else +1 (FP32)."""
-    negative = (mix32(row_hash ^ _SIGN_SALT) >> 31) == 1
+def random_signs(row_hash: torch.Tensor, salt: int = _SIGN_SALT) -> torch.Tensor:
+    """delta_sign="random" (output_sign with OUTPUT_SIGN_SALT): s = -1 where the top bit of mix32(row hash ^ salt)
+    is set, else +1 (FP32)."""
+    negative = (mix32(row_hash ^ salt) >> 31) == 1
     return torch.where(negative, torch.full(row_hash.shape, -1.0, device=row_hash.device),
                        torch.ones(row_hash.shape, device=row_hash.device))
 
@@ -178,13 +180,15 @@ def stochastic_bf16(o32: torch.Tensor, noise_keys: torch.Tensor | None, head_off
     return sr_bf16(o32, sr_bits(rh.unsqueeze(-1), torch.arange(dim, device=dev)))
 
 
-def delta_signs(shape, noise_keys: torch.Tensor | None, head_offset: int, device) -> torch.Tensor:
-    """delta_sign="random": s (batch, heads, seq) of +-1 (FP32) per (noise key of the row, global head, position)."""
+def delta_signs(shape, noise_keys: torch.Tensor | None, head_offset: int, device,
+                salt: int = _SIGN_SALT) -> torch.Tensor:
+    """delta_sign="random": s (batch, heads, seq) of +-1 (FP32) per (noise key of the row, global head, position);
+    ``salt`` OUTPUT_SIGN_SALT: the signs of output_sign="random"."""
     bsz, heads, seq = shape
     keys = torch.zeros(bsz, dtype=torch.int64, device=device) if noise_keys is None else noise_keys
     rh = noise_row_hash(keys.view(bsz, 1, 1), torch.arange(heads, device=device).view(1, heads, 1) + head_offset,
                         torch.arange(seq, device=device).view(1, 1, seq))
-    return random_signs(rh)
+    return random_signs(rh, salt)
 
 
 def safe_shift(row_max: torch.Tensor, rows: torch.Tensor, bh: torch.Tensor) -> torch.Tensor:

@@ -373,16 +373,18 @@ def _fwd_paper_tiles(acc, l_i, m_i, acc32, l32, q, k_base, v_base, stride_kt, st
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
-                stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, H, GROUP, T, head_offset, total_heads,
-                score_scale, exp_scale, shift_scale, beta, eps_cmp, HEAD_DIM: tl.constexpr,
+def _fwd_kernel(Q, K, V, O, O32, OMODE, LSE, KEYS, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, H, GROUP, T, head_offset,
+                total_heads, score_scale, exp_scale, shift_scale, beta, eps_cmp, out_gain, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PAPER: tl.constexpr,
                 PAPER_TILE: tl.constexpr, FIX: tl.constexpr, SCALE_POW2: tl.constexpr, IS_BF16: tl.constexpr,
-                EXPLICIT: tl.constexpr, STORE_O32: tl.constexpr):
+                EXPLICIT: tl.constexpr, STORE_O32: tl.constexpr, OUT_AMP: tl.constexpr, OUT_RANDOM: tl.constexpr):
+    """OUT_AMP (the output stress): O = LP(O32 + out_gain * s * (O_mode - O32)), s = +-1 per row from the noise
+    hash with the output salt when OUT_RANDOM, and the mode's own O goes to OMODE (the backward's delta uses it)."""
     LP: tl.constexpr = O.dtype.element_ty
-    # paper keeps an FP32 shadow accumulation where an FP32 O is stored (fp32_output, the amplified delta path) or
-    # stochastically rounded (stochastic_output); fa2's FP32 O is its accumulator
-    SHADOW: tl.constexpr = PAPER and (STORE_O32 or FIX == 4)
+    # paper keeps an FP32 shadow accumulation where an FP32 O is stored (fp32_output, the amplified delta path),
+    # stochastically rounded (stochastic_output) or the output stress's reference; fa2's FP32 O is its accumulator
+    SHADOW: tl.constexpr = PAPER and (STORE_O32 or FIX == 4 or OUT_AMP)
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest causal tiles first
     bh = tl.program_id(1)  # local (batch, head) index: addresses this call's tensors
     b = bh // H
@@ -441,7 +443,21 @@ def _fwd_kernel(Q, K, V, O, O32, LSE, KEYS, stride_qb, stride_qh, stride_qt, str
     else:
         o32 = o_div
     o_off = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]  # O32 shares O's layout
-    if FIX == 4:  # stochastic_output: SR of the FP32 O, keyed by (row key, global head, position, channel)
+    if OUT_AMP:
+        if FIX == 4:
+            key = tl.load(KEYS + b).to(tl.uint32)
+            o_mode = _sr_bf16(o32, _row_hash(key, head_offset + h, offs_m), offs_d)
+        else:
+            o_mode = _round_lp(o_div, IS_BF16, EXPLICIT)
+        gs = tl.full([BLOCK_M], out_gain, tl.float32)
+        if OUT_RANDOM:
+            key = tl.load(KEYS + b).to(tl.uint32)
+            negative = (_mix32(_row_hash(key, head_offset + h, offs_m) ^ 0x2C1B3C6D) >> 31) == 1
+            gs = tl.where(negative, -gs, gs)
+        o_out = _round_lp(o32 + gs[:, None] * (o_mode - o32), IS_BF16, EXPLICIT)
+        tl.store(OMODE + o_off, o_mode.to(LP), mask=row_ok[:, None])  # OMODE shares O's layout
+        tl.store(O + o_off, o_out.to(LP), mask=row_ok[:, None])
+    elif FIX == 4:  # stochastic_output: SR of the FP32 O, keyed by (row key, global head, position, channel)
         key = tl.load(KEYS + b).to(tl.uint32)
         o_sr = _sr_bf16(o32, _row_hash(key, head_offset + h, offs_m), offs_d)
         tl.store(O + o_off, o_sr.to(LP), mask=row_ok[:, None])
@@ -1134,9 +1150,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: Attenti
 
 
 def forward_outputs(q: torch.Tensor, settings: AttentionSettings):
-    """(O like q, LSE (B, H, T) FP32, FP32 O like q where the settings keep one, else an empty tensor), as
-    ``forward`` allocates them (the custom op's fake kernel too, so that the compiler sees the real strides)."""
-    return _forward_outputs(_last_dim_contiguous(q), settings.keeps_fp32_output, settings.out_fill)
+    """(O like q, LSE (B, H, T) FP32, FP32 O like q where the settings keep one, the mode's own O like q under the
+    output stress; the last two empty tensors otherwise), as ``forward`` allocates them (the custom op's fake
+    kernel too, so that the compiler sees the real strides)."""
+    return _forward_outputs(_last_dim_contiguous(q), settings.keeps_fp32_output, settings.out_fill,
+                            settings.output_amplified)
 
 
 def backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings):
@@ -1145,14 +1163,17 @@ def backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings
                              settings.out_fill)
 
 
-def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool, fill: float | None = None):
-    """(O like q, LSE (B, H, T) FP32, FP32 O like q for fix=fp32_output else an empty tensor); q last-dim contiguous.
-    O and the FP32 O have the same strides (the kernel addresses both with O's)."""
+def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool, fill: float | None = None,
+                     keeps_mode_output: bool = False):
+    """(O like q, LSE (B, H, T) FP32, FP32 O like q for fix=fp32_output, the mode's O like q under the output
+    stress; empty tensors where not kept); q last-dim contiguous. O, the FP32 O and the mode's O have the same
+    strides (the kernel addresses them with O's)."""
     bsz, heads, seq, _ = q.shape
     out = _like(q, fill=fill)
     lse = _new((bsz, heads, seq), torch.float32, q.device, fill)
     o32 = _like(q, torch.float32, fill) if keeps_fp32_output else _new((0,), torch.float32, q.device)
-    return out, lse, o32
+    o_mode = _like(q, fill=fill) if keeps_mode_output else _new((0,), q.dtype, q.device)
+    return out, lse, o32, o_mode
 
 
 class _Launch:
@@ -1185,33 +1206,35 @@ def _keys_arg(nm: Numerics, noise_keys, bsz: int, device) -> torch.Tensor:
 
 
 def _forward_launch(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torch.Tensor | None = None):
-    """(the forward launch, O, LSE, FP32 O); q, k, v last-dim contiguous. ``settings.autotune`` False: the fixed
-    tiles; ``settings.out_fill``: what the outputs start filled with (None: uninitialised)."""
+    """(the forward launch, O, LSE, FP32 O, the mode's O); q, k, v last-dim contiguous. ``settings.autotune``
+    False: the fixed tiles; ``settings.out_fill``: what the outputs start filled with (None: uninitialised)."""
     bsz, heads, seq, dim = q.shape
     causal = settings.causal
-    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, settings.out_fill)
+    out, lse, o32, o_mode = _forward_outputs(q, nm.keeps_fp32_output, settings.out_fill, nm.output_amplified)
     keys = _keys_arg(nm, noise_keys, bsz, q.device)
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
     ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], heads,
             heads // k.shape[1], seq, settings.head_offset, settings.total_heads or heads)
-    floats = (nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp)
+    floats = (nm.score_scale, nm.exp_scale, nm.shift_scale, nm.beta, nm.eps_cmp, nm.output_gain)
     meta = dict(HEAD_DIM=dim, CAUSAL=causal, PAPER=nm.paper, PAPER_TILE=nm.paper_tile, FIX=nm.fix,
                 SCALE_POW2=nm.score_rounds_once, IS_BF16=q.dtype == torch.bfloat16, EXPLICIT=INTERPRET,
-                STORE_O32=nm.keeps_fp32_output)
+                STORE_O32=nm.keeps_fp32_output, OUT_AMP=nm.output_amplified, OUT_RANDOM=nm.output_random)
     rows = bsz * heads
-    tune_key = ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output)
-    launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, lse, keys), ints, floats,
-                     meta, tune_key if settings.autotune else None)
-    return launch, out, lse, o32
+    tune_key = ("fwd", seq, dim, causal, nm.paper, nm.paper_tile, nm.fix, q.dtype, nm.keeps_fp32_output,
+                nm.output_amplified)
+    launch = _Launch(FWD, lambda c: (_cdiv(seq, c["BLOCK_M"]), rows), (q, k, v, out, o32, o_mode, lse, keys), ints,
+                     floats, meta, tune_key if settings.autotune else None)
+    return launch, out, lse, o32, o_mode
 
 
 def forward(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torch.Tensor | None = None):
-    """The forward launch: (O, LSE, FP32 O or an empty tensor), allocated as ``forward_outputs`` says; ``nm`` from
-    ``prepare``. q's head h is the model's head settings.head_offset + h of settings.total_heads."""
+    """The forward launch: (O, LSE, FP32 O, the mode's O; the last two empty where not kept), allocated as
+    ``forward_outputs`` says; ``nm`` from ``prepare``. q's head h is the model's head settings.head_offset + h of
+    settings.total_heads."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    launch, out, lse, o32 = _forward_launch(q, k, v, settings, nm, noise_keys)
+    launch, *outputs = _forward_launch(q, k, v, settings, nm, noise_keys)
     launch()
-    return out, lse, o32
+    return tuple(outputs)
 
 
 def _backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fill: float | None = None):

@@ -750,12 +750,17 @@ def attention_problems(a: AttentionConfig, where: str) -> list[str]:
     problems += _choice(a.fix, FIXES, f"{where}.fix")
     problems += _choice(a.delta_sign, DELTA_SIGNS, f"{where}.delta_sign")
     problems += _choice(a.delta_reference, DELTA_REFERENCES, f"{where}.delta_reference")
+    problems += _choice(a.output_sign, DELTA_SIGNS, f"{where}.output_sign")
     if not (math.isfinite(a.delta_gain) and a.delta_gain >= 0):
         problems.append(f"{where}.delta_gain={a.delta_gain} must be a finite number >= 0 (1.0: the mode's own "
                         "numerics; 0: fix=fp32_output's delta)")
-    if a.backend == "sdpa" and ((a.rounding, a.fix) != ("fa2", "none") or a.stresses_delta):
+    if not (math.isfinite(a.output_gain) and a.output_gain >= 0):
+        problems.append(f"{where}.output_gain={a.output_gain} must be a finite number >= 0 (1.0: the mode's own "
+                        "numerics; 0: the FP32 O rounded once)")
+    if a.backend == "sdpa" and ((a.rounding, a.fix) != ("fa2", "none") or a.stresses_delta or a.stresses_output):
         # the message's start is matched by build_config (values every arm replaces)
         stress = f", delta_gain={a.delta_gain:g}, delta_sign={a.delta_sign}" if a.stresses_delta else ""
+        stress += f", output_gain={a.output_gain:g}, output_sign={a.output_sign}" if a.stresses_output else ""
         problems.append(f"attention.backend=sdpa has fixed production numerics; rounding={a.rounding}, fix={a.fix}"
                         f"{stress} needs attention.backend=triton, reference or auto")
     if a.fix.startswith("dynamic_max") and a.beta <= 1.0:

@@ -49,7 +49,8 @@ from model.attention import AttentionConfig
 REPO = Path(__file__).resolve().parent.parent
 SIGNS = ("kept", "random")
 SCHEDULES = ("bisect", "full")
-DELTA_FIELDS = ("delta_gain", "delta_sign", "delta_reference")
+DELTA_FIELDS = ("delta_gain", "delta_sign", "delta_reference", "output_gain", "output_sign")
+STRESSES = ("delta", "output")
 
 
 @dataclass
@@ -61,6 +62,10 @@ class MarginConfig:
     gains: list[float] = field(default_factory=lambda: [1.0, 5.0, 10.0, 20.0, 50.0, 100.0])
     """Delta-error gains g (attention.delta_gain): delta = delta_ref + g * s * (delta_mode - delta_ref). 1 = the
     mode's own numerics, 0 = the reference's delta (margin.reference)."""
+    stress: str = "delta"
+    """What the gains amplify: delta (the backward's delta error, attention.delta_gain / delta_sign) or output (the
+    rounding error of the O the next layer sees, attention.output_gain / output_sign: O = LP(O_fp32 + g * s *
+    (O_mode - O_fp32)); the backward keeps the mode's delta, and margin.reference does not apply)."""
     reference: str = "fp32_output"
     """delta_ref of the gains' formula (attention.delta_reference): fp32_output (delta from the FP32 O of the same
     forward; fix=fp32_output then has no error to amplify) or exact (rowsum(P * dP) with the backward's own P, as
@@ -156,20 +161,22 @@ def arm_name(rounding: str, fix: str, gain: Optional[float], sign: Optional[str]
     return f"{base}_g{gain:g}" + (f"_{sign}" if sign else "")
 
 
-def cell_arm(cell: Cell, reference: str = "fp32_output") -> tuple[str, dict, str]:
-    """(arm name, attention section, why collapsed or '') of a cell, the delta error measured from ``reference``."""
+def cell_arm(cell: Cell, reference: str = "fp32_output", stress: str = "delta") -> tuple[str, dict, str]:
+    """(arm name, attention section, why collapsed or '') of a cell: the delta error measured from ``reference``
+    amplified, or (``stress`` output) the output's rounding error."""
     rounding, fix = split_numerics(cell.numerics)
     attention = {"rounding": rounding, "fix": fix}
-    if fix == REFERENCE_FIX[reference]:
+    if stress == "delta" and fix == REFERENCE_FIX[reference]:
         return arm_name(rounding, fix, None, None), attention, f"fix={fix} has no delta error against {reference}"
     if cell.gain == 1.0 and cell.sign == "kept":
         return arm_name(rounding, fix, 1.0, "kept"), attention, ""
-    stress = {"delta_reference": reference} if reference != "fp32_output" else {}
+    gain_field, sign_field = f"{stress}_gain", f"{stress}_sign"
+    extra = {"delta_reference": reference} if stress == "delta" and reference != "fp32_output" else {}
     if cell.gain == 0.0:
-        return (arm_name(rounding, fix, 0.0, None), {**attention, "delta_gain": 0.0, **stress},
+        return (arm_name(rounding, fix, 0.0, None), {**attention, gain_field: 0.0, **extra},
                 "gain 0 removes the sign")
-    return arm_name(rounding, fix, cell.gain, cell.sign), {**attention, "delta_gain": cell.gain,
-                                                           "delta_sign": cell.sign, **stress}, ""
+    return arm_name(rounding, fix, cell.gain, cell.sign), {**attention, gain_field: cell.gain,
+                                                           sign_field: cell.sign, **extra}, ""
 
 
 def expand(config: MarginConfig) -> Plan:
@@ -182,7 +189,7 @@ def expand(config: MarginConfig) -> Plan:
             for sign in config.signs:
                 for gain in sorted(config.gains):
                     cell = Cell(numerics, float(gain), sign, seed)
-                    name, attention, why = cell_arm(cell, config.reference)
+                    name, attention, why = cell_arm(cell, config.reference, config.stress)
                     key = f"seed_{seed}/{name}"
                     if key in arms:
                         arms[key].cells.append(cell)
@@ -217,6 +224,8 @@ def margin_problems(m: MarginConfig) -> list[str]:
         problems.append(f"margin.signs={m.signs} must be distinct values of: {', '.join(SIGNS)}")
     if not m.seeds or len(set(m.seeds)) != len(m.seeds):
         problems.append(f"margin.seeds={m.seeds} must be distinct integers, e.g. [1337, 1338]")
+    if m.stress not in STRESSES:
+        problems.append(f"margin.stress={m.stress!r} is not one of: {', '.join(STRESSES)}")
     if m.reference not in DELTA_REFERENCES:
         problems.append(f"margin.reference={m.reference!r} is not one of: {', '.join(DELTA_REFERENCES)}")
     if m.schedule not in SCHEDULES:

@@ -293,8 +293,10 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
 
     md = [f"# Margin report: {experiment_dir}", "",
           f"{len(plan.arms)} distinct runs for {sum(len(a.cells) for a in plan.arms.values())} grid cells; "
-          f"{max_steps} steps per arm; schedule {m.schedule}; delta error measured from the {m.reference} "
-          f"reference (delta = delta_ref + g * s * (delta_mode - delta_ref)).", "",
+          f"{max_steps} steps per arm; schedule {m.schedule}; " + (
+              f"delta error measured from the {m.reference} reference (delta = delta_ref + g * s * (delta_mode - "
+              "delta_ref))." if m.stress == "delta" else
+              "the gains amplify the output's rounding error (O = LP(O_fp32 + g * s * (O_mode - O_fp32)))."), "",
           f"**Divergence rule**: {rule.describe()}.", "",
           "## Margin per numerics", "",
           "Largest gain that survived / smallest that diverged within the run's steps. `(implied)`: the bisection "
@@ -488,7 +490,7 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
         keys = [k for k, a in plan.arms.items() if a.cells[0].numerics == numerics and scalars.get(k)]
         rounding = numerics.split("/")[0]
         # the same rounding with the reference's own delta (no delta error), drawn grey as the others' reference
-        reference_fix = REFERENCE_FIX[m.reference]
+        reference_fix = REFERENCE_FIX[m.reference] if m.stress == "delta" else None  # output: every fix has one
         refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/{reference_fix}"
                 and scalars.get(k) and k not in keys]
         name = f"curves_{numerics.replace('/', '-')}.png"

@@ -67,6 +67,15 @@ class AttentionConfig:
     """delta_ref of delta_gain's formula: fp32_output (rowsum(dO * O_fp32), the FP32 O of the same forward:
     fix=fp32_output's delta, so that fix has no error to amplify) or exact (rowsum(P * dP) with the backward's own P:
     fix=exact_delta's delta; one more pass over the key tiles). Used only when delta_gain != 1 or delta_sign=random."""
+    output_gain: float = 1.0
+    """Stress test of the forward (finite, >= 0): the attention output the next layer sees is
+    LP(O_fp32 + output_gain x s x (O_mode - O_fp32)), O_mode the mode's own LP output, O_fp32 its FP32 O (paper: the
+    FP32 shadow accumulation), so the forward's rounding error is amplified the way delta_gain amplifies the
+    backward's; the backward's delta still uses O_mode (the two paths are stressed separately). 1.0 is the mode's own
+    numerics (bit-identical); 0 gives the FP32 O rounded once to nearest. Not with backend=sdpa."""
+    output_sign: str = "kept"
+    """s in output_gain's formula: kept (+1) or random (+-1 per row, head and query position, hashed like
+    delta_sign's random signs but independent of them: the control)."""
     autotune: bool = True
     """Triton backend only (ignored by the others): true times the kernel's tile configurations on the first call of
     each shape and keeps the fastest; false runs the fixed 64 x 64 tiles. The key tile sets the order of the FP32
@@ -89,10 +98,15 @@ class AttentionConfig:
         return (self.delta_gain, self.delta_sign) != (1.0, "kept")
 
     @property
+    def stresses_output(self) -> bool:
+        """Whether output_gain / output_sign differ from the mode's own numerics."""
+        return (self.output_gain, self.output_sign) != (1.0, "kept")
+
+    @property
     def needs_noise_keys(self) -> bool:
         """Whether the attention draws random bits, so that the trainer must pass row keys (random signs, or the
         stochastic rounding of fix=stochastic_output). Every other run calls the model exactly as before."""
-        return self.fix == "stochastic_output" or self.delta_sign == "random"
+        return self.fix == "stochastic_output" or "random" in (self.delta_sign, self.output_sign)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int = 0,
@@ -126,6 +140,7 @@ def attention_settings(config: AttentionConfig, head_offset: int = 0, total_head
     return AttentionSettings(causal=True, rounding=config.rounding, fix=config.fix, beta=config.beta, eps=config.eps,
                              paper_block_keys=config.paper_block_keys, delta_gain=config.delta_gain,
                              delta_sign=config.delta_sign, delta_reference=config.delta_reference,
+                             output_gain=config.output_gain, output_sign=config.output_sign,
                              head_offset=head_offset, total_heads=total_heads,
                              backend=config.backend, autotune=config.autotune, deterministic=config.deterministic)
 

@@ -15,8 +15,8 @@ import kernels
 from kernels import reference
 from kernels.modes import AttentionSettings, check_args
 from kernels.reference import _expand_kv, delta_of, forward_core
-from kernels.rounding import (_mix32_int, delta_signs, layer_keys, mix32, noise_row_hash, row_keys, sr_bf16, sr_bits,
-                              stochastic_bf16)
+from kernels.rounding import (OUTPUT_SIGN_SALT, _mix32_int, delta_signs, layer_keys, mix32, noise_row_hash,
+                              round_lp, row_keys, sr_bf16, sr_bits, stochastic_bf16)
 from tests.attention_common import (NAN, MODES, assert_head_slices_match_whole, nan_filled, same_bits,
                                     tied_maxima_inputs)
 
@@ -310,6 +310,68 @@ def test_random_signs_reproducible_keyed_and_balanced(seed):
     negative = (s < 0).float().mean().item()
     assert abs(negative - 0.5) < 5 * 0.5 / math.sqrt(s.numel()), f"seed={seed}: {negative}"
     assert torch.equal(delta_signs((8, 2, 512), keys, 4, "cpu"), s[:, 4:]), "global head numbering"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# output_gain / output_sign (issue 34): the forward's rounding error amplified like delta_gain amplifies delta's
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rounding,fix", MODES, ids=[f"{r}-{f}" for r, f in MODES])
+def test_output_gain_one_kept_is_the_mode_bit_for_bit(rounding, fix, seed):
+    q, k, v, d_out = tied_maxima_inputs(1, 4, 2, 80, dim=32)
+    keys = keys_for(1, seed)
+    base = out_and_grads(q, k, v, d_out, True, rounding, fix, noise_keys=keys)
+    same = out_and_grads(q, k, v, d_out, True, rounding, fix, output_gain=1.0, output_sign="kept", noise_keys=keys)
+    for a, b in zip([base[0], *base[1]], [same[0], *same[1]]):
+        assert same_bits(a, b), f"seed={seed}"
+    assert not check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix), BF16).output_amplified
+
+
+@pytest.mark.parametrize("rounding,fix", [("fa2", "none"), ("paper", "none"), ("fa2", "stochastic_output"),
+                                          ("paper", "fp32_output")])
+def test_output_gain_amplifies_o_and_leaves_the_backward_the_modes(rounding, fix, seed):
+    """O = LP(O_fp32 + g * s * (O_mode - O_fp32)) bit for bit, s kept or random (balanced, keyed, independent of the
+    delta signs); the gradients for the same dO are the mode's bit for bit (delta keeps O_mode, P comes from the
+    same LSE); gain 0 is the FP32 O rounded once (for fa2 without SR: the mode's O itself)."""
+    q, k, v, d_out = tied_maxima_inputs(1, 4, 2, 80, dim=32)
+    keys = keys_for(1, seed)
+    mode = out_and_grads(q, k, v, d_out, True, rounding, fix, noise_keys=keys)
+    nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix, output_gain=8.0, output_sign="random"),
+                    BF16, keys)
+    assert nm.output_amplified and nm.needs_noise_keys and (nm.shadow or not nm.paper)
+    out_mode, _, o32 = forward_core(q, _expand_kv(k, 4), _expand_kv(v, 4), True, nm, 64, noise_keys=keys)
+    assert same_bits(out_mode, mode[0]), "forward_core's O is the mode's"
+    for sign in ("kept", "random"):
+        out, grads = out_and_grads(q, k, v, d_out, True, rounding, fix, output_gain=8.0, output_sign=sign,
+                                   noise_keys=keys)
+        s = torch.ones(o32.shape[:-1]) if sign == "kept" else output_signs(o32.shape[:-1], keys)
+        expected = round_lp(o32 + (8.0 * s).unsqueeze(-1) * (out_mode.float() - o32), torch.bfloat16)
+        assert same_bits(out, expected.bfloat16()), f"seed={seed} {sign}"
+        assert all(same_bits(a, b) for a, b in zip(grads, mode[1])), f"seed={seed} {sign}: the backward changed"
+    zero = out_and_grads(q, k, v, d_out, True, rounding, fix, output_gain=0.0, noise_keys=keys)[0]
+    assert same_bits(zero, round_lp(o32, torch.bfloat16).bfloat16())
+    if (rounding, fix) == ("fa2", "none"):
+        assert same_bits(zero, mode[0])
+    signs = output_signs((8, 6, 512), keys_for(8, seed))
+    assert abs((signs < 0).float().mean().item() - 0.5) < 5 * 0.5 / math.sqrt(signs.numel())
+    agree = (signs == delta_signs((8, 6, 512), keys_for(8, seed), 0, "cpu")).float().mean().item()
+    assert abs(agree - 0.5) < 5 * 0.5 / math.sqrt(signs.numel()), "output signs must not copy the delta signs"
+
+
+def output_signs(shape, keys):
+    return delta_signs(shape, keys, 0, "cpu", OUTPUT_SIGN_SALT)
+
+
+def test_output_stress_config_checks():
+    from launcher.config import attention_problems
+    from model.attention import AttentionConfig
+
+    assert attention_problems(AttentionConfig(output_gain=4.0, output_sign="random"), "attention") == []
+    assert AttentionConfig(output_sign="random").needs_noise_keys
+    assert "output_sign" in attention_problems(AttentionConfig(output_sign="flip"), "attention")[0]
+    assert "output_gain" in attention_problems(AttentionConfig(output_gain=-1.0), "attention")[0]
+    assert "sdpa" in attention_problems(AttentionConfig(backend="sdpa", output_gain=2.0), "attention")[0]
 
 
 def test_noise_follows_the_global_head_and_batch_row_not_the_layout(seed):

@@ -439,7 +439,8 @@ def test_out_fill_shows_an_element_that_no_launch_writes(seed):
     that tile NaN in O and LSE. With every program launched the fill changes no bit of O or of the gradients."""
     q, k, v, d_out = (torch.randn(1, 2, 100, 64).bfloat16() for _ in range(4))
     settings = AttentionSettings(backend="triton", out_fill=NAN)
-    launch, out, lse, _ = triton_flash._forward_launch(q, k, v, settings, triton_flash.prepare(q, k, v, settings))
+    nm = triton_flash.prepare(q, k, v, settings)
+    launch, out, lse, _, _ = triton_flash._forward_launch(q, k, v, settings, nm)
     grid = launch.grid
     launch.grid = lambda cfg: (grid(cfg)[0] - 1, grid(cfg)[1])  # programs run heaviest tile first: rows 64-99 skipped
     launch()
@@ -486,7 +487,7 @@ def test_fake_kernels_match_the_real_ops_on_model_layout_inputs(seed, rounding, 
     fields = op_fields(rounding=rounding, fix=fix, paper_block_keys=64)  # (the paper tile is ignored by fa2)
     args = (q, k, v, None, "triton", *fields)
     torch.library.opcheck(ops.flash_fwd, args, test_utils=tests)
-    out, lse, o32 = ops.flash_fwd(*args)
+    out, lse, o32, _ = ops.flash_fwd(*args)
     o_saved = o32 if fix == "fp32_output" else out
     torch.library.opcheck(ops.flash_bwd, (d_out, q, k, v, o_saved, lse, None, None, "triton", *fields),
                           test_utils=tests)
@@ -580,7 +581,7 @@ def test_noise_modes_bit_for_bit_where_sums_are_exact(rounding, fix, extra, seed
     seq = int(torch.randint(65, 131, (1,)))
     q, k, v = exact_arithmetic_inputs(seq, True)
     kw = dict(extra, noise_keys=_keys(1, seed))
-    out, lse, o32 = fwd_op(q, k, v, kw["noise_keys"], rounding=rounding, fix=fix, out_fill=NAN, **extra)
+    out, lse, o32, _ = fwd_op(q, k, v, kw["noise_keys"], rounding=rounding, fix=fix, out_fill=NAN, **extra)
     nm = check_args(q, k, v, AttentionSettings(rounding=rounding, fix=fix, **extra), (torch.bfloat16,),
                     kw["noise_keys"])
     ref_out, ref_lse, ref_o32 = forward_core(q, k, v, True, nm, BLOCK_N, noise_keys=kw["noise_keys"])
@@ -674,7 +675,7 @@ def test_fake_kernels_with_noise_arguments():
     fields = op_fields(fix="stochastic_output", paper_block_keys=64, delta_gain=3.0, delta_sign="random")
     args = (q, k, v, keys, "triton", *fields)
     torch.library.opcheck(ops.flash_fwd, args, test_utils=tests)
-    out, lse, o32 = ops.flash_fwd(*args)
+    out, lse, o32, _ = ops.flash_fwd(*args)
     assert o32.shape == q.shape and o32.stride() == out.stride()
     torch.library.opcheck(ops.flash_bwd, (d_out, q, k, v, out, lse, o32, keys, "triton", *fields), test_utils=tests)
 
@@ -700,7 +701,7 @@ def test_exact_delta_in_kernel_is_the_fp64_rowsum_within_its_bound(rounding, see
     q, k, v, d_out = tied_maxima_inputs(1, 2, 1, 130)
     settings = AttentionSettings(backend="triton", rounding=rounding, fix="exact_delta", out_fill=NAN)
     nm = triton_flash.prepare(q, k, v, settings)
-    out, lse, _ = triton_flash.forward(q, k, v, settings, nm)
+    out, lse, _, _ = triton_flash.forward(q, k, v, settings, nm)
     launches, _ = triton_flash._backward_launches(d_out, q, k, v, out, lse, settings, nm)
     exact_launch = launches[0]
     assert exact_launch.kernel is triton_flash.DELTA_EXACT and len(launches) == 3  # no rowsum(dO * O) launch
@@ -751,3 +752,21 @@ def test_v_one_in_kernel(rounding, seed):
     for name, i in (("dq", 0), ("dk", 1)):
         rms = {fix: g[i].square().mean().sqrt().item() for fix, g in grads.items()}
         assert rms["exact_delta"] < 2.0**-8 * rms["fp32_output"], f"seed={seed}: {name} {rms}"
+
+
+@pytest.mark.parametrize("rounding,fix", [("fa2", "none"), ("paper", "stochastic_output")])
+def test_output_gain_in_kernel(rounding, fix, seed):
+    """output_gain in the kernel's epilogue: O matches the reference's LP(O_fp32 + g * s * (O_mode - O_fp32)), the
+    mode's own O is kept for delta (the gradients for the same dO are the kernel's without the stress, bit for
+    bit), and gain 1 kept is the mode's launch (no second O kept)."""
+    q, k, v, d_out = tied_maxima_inputs(1, 2, 2, 80, dim=32)
+    keys = _keys(1, seed)
+    kw = dict(causal=True, rounding=rounding, fix=fix, noise_keys=keys)
+    stress = dict(output_gain=8.0, output_sign="random")
+    (out, grads), (ref_out, _) = [out_and_grads(fn, q, k, v, d_out, **kw, **stress)
+                                  for fn in (flash_attention, reference_attention)]
+    assert_matches_reference(out, ref_out, f"seed={seed}")
+    _, mode_grads = out_and_grads(flash_attention, q, k, v, d_out, **kw)
+    assert all(same_bits(a, b) for a, b in zip(grads, mode_grads)), f"seed={seed}: the backward changed"
+    assert fwd_op(q, k, v, keys, rounding=rounding, fix=fix)[3].numel() == 0
+    assert fwd_op(q, k, v, keys, rounding=rounding, fix=fix, **stress)[3].shape == q.shape

@@ -49,6 +49,17 @@ def test_exact_reference_gives_fp32_output_a_margin_and_collapses_exact_delta():
     assert "margin.reference" in margin_problems(MarginConfig(reference="fp64"))[0]
 
 
+def test_output_stress_amplifies_every_fix():
+    """margin.stress=output: the arms set attention.output_gain / output_sign, and no fix collapses (each one's O has
+    a rounding error; fp32_output's too)."""
+    plan = expand(MarginConfig(numerics=["fa2/fp32_output"], gains=[1, 10], signs=["kept", "random"], seeds=[1],
+                               stress="output"))
+    assert plan.arms["seed_1/fa2-fp32_output_g10_random"].attention == {
+        "rounding": "fa2", "fix": "fp32_output", "output_gain": 10.0, "output_sign": "random"}
+    assert len(plan.arms) == 4
+    assert "margin.stress" in margin_problems(MarginConfig(stress="both"))[0]
+
+
 @pytest.mark.parametrize("threshold", [1, 5, 7, 20, 50, 100, 1000])
 def test_bisection_finds_the_boundary_in_few_runs(threshold):
     gains = [1, 5, 10, 20, 50, 100]
