@@ -1153,8 +1153,9 @@ def forward_outputs(q: torch.Tensor, settings: AttentionSettings):
     """(O like q, LSE (B, H, T) FP32, FP32 O like q where the settings keep one, the mode's own O like q under the
     output stress; the last two empty tensors otherwise), as ``forward`` allocates them (the custom op's fake
     kernel too, so that the compiler sees the real strides)."""
-    return _forward_outputs(_last_dim_contiguous(q), settings.keeps_fp32_output, settings.out_fill,
-                            settings.output_amplified)
+    q = _last_dim_contiguous(q)
+    return (*_forward_outputs(q, settings.keeps_fp32_output, settings.out_fill),
+            _mode_output(q, settings.output_amplified, settings.out_fill))
 
 
 def backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings):
@@ -1163,17 +1164,19 @@ def backward_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings
                              settings.out_fill)
 
 
-def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool, fill: float | None = None,
-                     keeps_mode_output: bool = False):
-    """(O like q, LSE (B, H, T) FP32, FP32 O like q for fix=fp32_output, the mode's O like q under the output
-    stress; empty tensors where not kept); q last-dim contiguous. O, the FP32 O and the mode's O have the same
-    strides (the kernel addresses them with O's)."""
+def _forward_outputs(q: torch.Tensor, keeps_fp32_output: bool, fill: float | None = None):
+    """(O like q, LSE (B, H, T) FP32, FP32 O like q for fix=fp32_output else an empty tensor); q last-dim contiguous.
+    O and the FP32 O have the same strides (the kernel addresses both with O's)."""
     bsz, heads, seq, _ = q.shape
     out = _like(q, fill=fill)
     lse = _new((bsz, heads, seq), torch.float32, q.device, fill)
     o32 = _like(q, torch.float32, fill) if keeps_fp32_output else _new((0,), torch.float32, q.device)
-    o_mode = _like(q, fill=fill) if keeps_mode_output else _new((0,), q.dtype, q.device)
-    return out, lse, o32, o_mode
+    return out, lse, o32
+
+
+def _mode_output(q: torch.Tensor, output_amplified: bool, fill: float | None = None) -> torch.Tensor:
+    """The mode's own O, like q (the forward returns the amplified one), under the output stress; else empty."""
+    return _like(q, fill=fill) if output_amplified else _new((0,), q.dtype, q.device)
 
 
 class _Launch:
@@ -1210,7 +1213,8 @@ def _forward_launch(q, k, v, settings: AttentionSettings, nm: Numerics, noise_ke
     False: the fixed tiles; ``settings.out_fill``: what the outputs start filled with (None: uninitialised)."""
     bsz, heads, seq, dim = q.shape
     causal = settings.causal
-    out, lse, o32, o_mode = _forward_outputs(q, nm.keeps_fp32_output, settings.out_fill, nm.output_amplified)
+    out, lse, o32 = _forward_outputs(q, nm.keeps_fp32_output, settings.out_fill)
+    o_mode = _mode_output(q, nm.output_amplified, settings.out_fill)
     keys = _keys_arg(nm, noise_keys, bsz, q.device)
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
     ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], heads,
