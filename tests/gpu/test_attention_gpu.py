@@ -394,3 +394,59 @@ def test_stochastic_output_unbiased_on_gpu(seed):
     mean_err = ((out - o32) / ulp).mean(0)
     assert (mean_err.abs() < 5 * 0.5 / n**0.5).float().mean() > 0.999, f"seed={seed}"
     assert abs(mean_err.mean().item()) < 5 * 0.5 / (n * mean_err.numel()) ** 0.5, f"seed={seed}"
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_exact_delta_and_exact_reference_on_gpu(rounding, seed):
+    """Issue 34 on the GPU (fixed tiles): exact_delta's gradients against the reference's; gain 0 with
+    delta_reference=exact gives exact_delta's bit for bit (the gain launch adds gain * 0 to the exact pass's delta);
+    the exact pass's delta against FP64 rowsum(P * dP) / rowsum(P) within the reference's bound plus 2^-16 of the
+    terms' size for the GPU's MMA accumulation and ex2.approx (not IEEE; a bound of this test, not derived)."""
+    from kernels import triton_flash as tf
+    from kernels.modes import AttentionSettings
+    from tests.unit.test_attention_exact_delta import fp64_rowsum_p_dp, gamma
+
+    q, k, v, d_out = (t.cuda() for t in tied_maxima_inputs(2, 4, 2, 300))
+    keys = _keys(2, seed)
+
+    def run(fn, **kw):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, True, rounding, noise_keys=keys, **kw)
+        out.backward(d_out)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    exact = run(flash_attention, fix="exact_delta")
+    ref = run(reference_attention, fix="exact_delta", block_n=64)
+    for name, a, b in zip("Oqkv", exact, ref):
+        assert rel_err(a, b) < 2e-2, f"seed={seed}: {name}"
+    zero = run(flash_attention, fix="none", delta_gain=0.0, delta_reference="exact")
+    assert all(torch.equal(a, b) for a, b in zip(exact, zero)), f"seed={seed}"
+    settings = AttentionSettings(backend="triton", rounding=rounding, fix="exact_delta", autotune=False)
+    nm = tf.prepare(q, k, v, settings)
+    out, lse, _, _ = tf.forward(q, k, v, settings, nm)
+    launches, _ = tf._backward_launches(d_out, q, k, v, out, lse, settings, nm)
+    launches[0]()
+    delta64, size = fp64_rowsum_p_dp(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), d_out, lse, True, nm)
+    err = (launches[0].tensors[-1].double() - delta64).abs()
+    assert (err <= (gamma(2 * 300 + 64) + 2.0**-16) * size).all(), f"seed={seed}: {(err / size).max().item():.2e}"
+
+
+@pytest.mark.parametrize("rounding,fix", [("fa2", "none"), ("paper", "stochastic_output"), ("fa2", "fp32_output")])
+def test_output_gain_on_gpu(rounding, fix, seed):
+    """The output stress in the kernel's epilogue against the reference (the GPU may fuse the multiply-add: nearly
+    all elements equal, the rest within an ulp), the backward unchanged bit for bit, gain 1 kept the mode's bits."""
+    q, k, v, d_out = (t.cuda() for t in tied_maxima_inputs(2, 4, 2, 300))
+    keys = _keys(2, seed)
+
+    def run(fn, **kw):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, True, rounding, fix, noise_keys=keys, **kw)
+        out.backward(d_out)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    stressed = run(flash_attention, output_gain=8.0, output_sign="random")
+    ref = run(reference_attention, output_gain=8.0, output_sign="random", block_n=64)
+    assert (stressed[0] != ref[0]).float().mean() < 0.05 and rel_err(stressed[0], ref[0]) < 1e-2, f"seed={seed}"
+    mode = run(flash_attention)
+    assert all(torch.equal(a, b) for a, b in zip(stressed[1:], mode[1:])), f"seed={seed}: the backward changed"
+    assert all(torch.equal(a, b) for a, b in zip(run(flash_attention, output_gain=1.0), mode)), f"seed={seed}"
