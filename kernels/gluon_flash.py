@@ -585,6 +585,8 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nm: Numerics)
         return "rounding=paper has its own rounding points (the Triton kernel implements them)"
     if nm.fix not in _GLUON_FIX_CODES:
         return "the dynamic-maximum fixes shift the softmax maximum per tile (the Triton kernel implements them)"
+    if nm.output_amplified or nm.exact_pass:
+        return "the output stress and the exact delta pass are the Triton kernel's (issue 34)"
     if q.device.type != "cuda":
         return "it needs a CUDA GPU"
     device = q.device.index
@@ -699,12 +701,14 @@ backward_outputs = triton_flash.backward_outputs
 
 
 def forward(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torch.Tensor | None = None):
-    """(O, LSE, FP32 O or an empty tensor): the Gluon forward, or the Triton kernel's where the Gluon one cannot
-    run the call (its outputs are the same tensors: either backward takes them)."""
+    """(O, LSE, FP32 O or an empty tensor, the mode's O: empty, the output stress being the Triton kernel's): the
+    Gluon forward, or the Triton kernel's where the Gluon one cannot run the call (its outputs are the same tensors:
+    either backward takes them)."""
     q, k, v = (triton_flash._last_dim_contiguous(t) for t in (q, k, v))
     if not _gluon_runs(q, k, v, settings, nm):
         return triton_flash.forward(q, k, v, settings, nm, noise_keys)
-    return _forward(q, k, v, settings.causal, nm, settings.head_offset, noise_keys, settings.out_fill)
+    out, lse, o32 = _forward(q, k, v, settings.causal, nm, settings.head_offset, noise_keys, settings.out_fill)
+    return out, lse, o32, triton_flash._mode_output(q, False)
 
 
 def backward(d_out, q, k, v, o_saved, lse, o32, settings: AttentionSettings, nm: Numerics, noise_keys=None):

@@ -158,8 +158,11 @@ GLUON_AUTO_HEAD_DIMS = (128,)
 
 
 def gluon_numerics(settings) -> bool:
-    """Whether the Gluon kernel implements these settings' numerics (rounding=fa2 with a fix it takes)."""
-    return settings.rounding == "fa2" and settings.fix in GLUON_FIXES
+    """Whether the Gluon kernel implements these settings' numerics (rounding=fa2 with a fix it takes; not the
+    output stress, nor the exact reference of the delta stress: those are the Triton kernel's)."""
+    exact_reference = settings.amplified and settings.delta_reference == "exact"
+    return (settings.rounding == "fa2" and settings.fix in GLUON_FIXES and not settings.output_amplified
+            and not exact_reference)
 
 
 def _is_number(x) -> bool:

@@ -23,6 +23,10 @@ def test_auto_takes_gluon_on_hopper_at_head_dim_128_for_the_modes_it_implements(
     assert kernels.implementation(AttentionSettings(), cuda, 64) == "triton"  # slower there (docs, Speed)
     assert kernels.implementation(AttentionSettings(fix="dynamic_max"), cuda, 128) == "triton"
     assert kernels.implementation(AttentionSettings(rounding="paper"), cuda, 128) == "triton"
+    assert kernels.implementation(AttentionSettings(fix="exact_delta"), cuda, 128) == "triton"  # issue 34's modes
+    assert kernels.implementation(AttentionSettings(output_gain=4.0), cuda, 128) == "triton"
+    assert kernels.implementation(AttentionSettings(delta_gain=4.0, delta_reference="exact"), cuda, 128) == "triton"
+    assert kernels.implementation(AttentionSettings(delta_gain=4.0), cuda, 128) == "gluon"
     gpu(False)
     assert kernels.implementation(AttentionSettings(), cuda, 128) == "triton"  # not a Hopper GPU
 
