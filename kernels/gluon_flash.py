@@ -586,7 +586,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nm: Numerics)
     if nm.fix not in _GLUON_FIX_CODES:
         return "the dynamic-maximum fixes shift the softmax maximum per tile (the Triton kernel implements them)"
     if nm.output_amplified or nm.exact_pass:
-        return "the output stress and the exact delta pass are the Triton kernel's (issue 34)"
+        return "the output stress and the exact delta pass are the Triton kernel's"
     if q.device.type != "cuda":
         return "it needs a CUDA GPU"
     device = q.device.index
