@@ -34,9 +34,12 @@ from typing import Optional
 import numpy as np
 
 from launcher import warning_timeline
+from launcher.arm_status import Ending, read_ending
 from launcher.monitors import tags
 
 EVENTS_GLOB = "events.out.tfevents.*"
+LOSS_RISE_NATS = 1.0  # a completed arm whose last logged loss is this far above its first one blew up
+MARGIN_STATE_FILE = "margin_state.json"  # launcher/margin_report.py's record, beside a margin run's seed folders
 LAYOUT_SUFFIX = ".layout"
 DEFAULT_CRITERIA = {"divergence_threshold": 0.05, "divergence_consecutive": 5, "smoothing": 10,
                     "divergence_tag": tags.TRAIN_LOSS, "reference_arm": None}
@@ -54,6 +57,7 @@ class Arm:
     name: str
     path: Path
     scalars: dict[str, Series] = field(default_factory=dict)
+    ending: Ending = field(default_factory=lambda: Ending("unknown", 0))
 
     def get(self, tag: str) -> Optional[Series]:
         return self.scalars.get(tag)
@@ -146,10 +150,54 @@ def find_arms(experiment_dir: Path) -> list[Arm]:
                            "(runs/<experiment>) and has training logged anything yet?")
     for arm in arms:
         arm.scalars = load_scalars(arm.path)
+        bad = arm.get(tags.GUARD_BAD_STEPS)
+        arm.ending = read_ending(arm.path, arm.last_step(), int(bad[0][0]) if bad is not None and len(bad[0]) else None)
+        loss = arm.get(tags.TRAIN_LOSS)
+        if arm.ending.status in ("completed", "unknown") and loss is not None and len(loss[1]) > 1 \
+                and loss[1][-1] > loss[1][0] + LOSS_RISE_NATS:
+            arm.ending = Ending("loss_rose", arm.ending.step or arm.last_step(),
+                                f"its train loss rose from {loss[1][0]:.4g} at step {int(loss[0][0])} to "
+                                f"{loss[1][-1]:.4g}", arm.ending.max_steps)
+    _margin_verdicts(experiment_dir, arms)
     if not any(arm.scalars for arm in arms):
         raise CompareError(f"the event files under {experiment_dir} hold no scalars yet; train longer than one "
                            "log interval and run the comparison again")
     return arms
+
+
+def _margin_verdicts(experiment_dir: Path, arms: list[Arm]) -> None:
+    """An arm of a margin run (``<margin experiment>/seed_<N>/<arm>``) that the margin tool judged diverged (and
+    stopped) ended by that rule, whatever its process said on the way out."""
+    import json
+
+    try:
+        state = json.loads((experiment_dir.parent / MARGIN_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    for arm in arms:
+        entry = state.get("arms", {}).get(f"{experiment_dir.name}/{arm.name}", {})
+        if entry.get("status") == "diverged":
+            arm.ending = Ending("diverged", int(entry.get("step") or arm.last_step()), str(entry.get("reason", "")),
+                                arm.ending.max_steps)
+
+
+def outcome(arms: list[Arm]) -> str:
+    """How every arm ended, in one line that leads the summary: blow-ups first."""
+    blown = [a for a in arms if a.ending.blew_up]
+    unfinished = [a for a in arms if a.ending.status not in ("completed", "unknown") and not a.ending.blew_up]
+    parts = []
+    if blown:
+        parts.append("BLEW UP: " + "; ".join(f"{a.name} {a.ending.describe()}" for a in blown))
+    if unfinished:
+        parts.append("DID NOT FINISH: " + "; ".join(f"{a.name} {a.ending.describe()}" for a in unfinished))
+    done = [a for a in arms if a.ending.status == "completed"]
+    if done:
+        parts.append(("every arm " if len(done) == len(arms) else "") + "completed: "
+                     + ", ".join(f"{a.name} ({a.ending.step} steps)" for a in done))
+    unknown = [a.name for a in arms if a.ending.status == "unknown"]
+    if unknown:
+        parts.append(f"ending not recorded (no status.yaml) for {', '.join(unknown)}")
+    return "outcome: " + " | ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -316,7 +364,9 @@ class _Panels:
         import textwrap
 
         diverged = any(d.step is not None for d in self.divergences)
-        text = "\n".join(textwrap.wrap(panel_note(self.steps, "loss", diverged), width=int(fig.get_figwidth() * 15)))
+        reading = endings_reading(self.arms)
+        note = f"{self.steps} steps: {reading}" if reading else panel_note(self.steps, "loss", diverged)
+        text = "\n".join(textwrap.wrap(note, width=int(fig.get_figwidth() * 15)))
         self._place_note(fig, text)
 
     def _place_note(self, fig, text: str) -> None:
@@ -361,6 +411,29 @@ class _Panels:
                 ax.annotate(f"{d.arm} vs {d.reference}: diverge at {d.step}", (d.step, 1.0), xycoords=("data", "axes fraction"),
                             xytext=(3, -12), textcoords="offset points", fontsize=8, color=self.colors[d.arm])
 
+    def _mark_endings(self, ax) -> None:
+        """Where an arm's curve stops short, and why (in the legend): a cross at a bad step's loss (the guard's
+        record), a dotted line at the last step of an arm that ended otherwise; a log scale when a blow-up dwarfs
+        the curves."""
+        for arm in self.arms:
+            end = arm.ending
+            if end.status in ("completed", "unknown"):
+                continue
+            c = self.colors[arm.name]
+            label = f"{arm.name}: {end.describe()}"
+            train = arm.get(tags.TRAIN_LOSS)
+            if end.loss is not None and math.isfinite(end.loss):
+                ax.plot([end.step], [end.loss], "X", color=c, ms=11, mec="k", zorder=5, ls="none", label=label)
+                if train is not None and len(train[0]):
+                    ax.plot([train[0][-1], end.step], [train[1][-1], end.loss], ":", color=c, lw=1.2)
+                label = None
+            ax.axvline(end.step, color=c, ls=":", lw=1.2, label=label)
+        losses = [v for arm in self.arms if (t := arm.get(tags.TRAIN_LOSS)) is not None for v in t[1] if v > 0]
+        losses += [a.ending.loss for a in self.arms if a.ending.loss is not None and a.ending.loss > 0
+                   and math.isfinite(a.ending.loss)]
+        if losses and max(losses) > 10 * min(losses):
+            ax.set_yscale("log")
+
     def _per_arm_axes(self, title: str, sharey: bool = True):
         n = len(self.arms)
         fig, axes = self.plt.subplots(1, n, figsize=(5.2 * n, 3.6), sharey=sharey, squeeze=False)
@@ -396,6 +469,7 @@ class _Panels:
                     rel = 100 * (train[1][ib] - r[1][ia]) / np.minimum(np.abs(train[1][ib]), np.abs(r[1][ia]))
                 diff_ax.plot(common, rel, ".-", color=c, lw=1, ms=4, label=f"({arm.name} - {ref.name}) / loss")
         self._mark_divergence(ax)
+        self._mark_endings(ax)
         diff_ax.axhline(0.0, color="k", lw=0.6)
         for sign in (1, -1):  # the scale a difference has to reach (smoothed, for several steps) to count
             diff_ax.axhline(sign * 100 * self.threshold, color="gray", ls="--", lw=0.8,
@@ -407,12 +481,14 @@ class _Panels:
             diff_ax.legend(fontsize=7, loc="lower left", ncol=2)
         ax.set_ylabel("cross-entropy")
         ax.set_title("loss: every logged train point, eval points, and the arms' difference")
-        ax.legend(fontsize=7, ncol=2)
+        short = any(a.ending.status not in ("completed", "unknown") for a in self.arms)
+        ax.legend(fontsize=7, ncol=1 if short else 2)
         ax.grid(alpha=0.3)
         self._loss_note(fig)
         return self._save(fig, name), ("Train loss at every logged step (with the trailing mean once its window "
                                        "is full) and eval loss; below, the arms' train-loss difference on common "
-                                       "steps; dashed lines mark divergence.")
+                                       "steps; dashed lines mark divergence, dotted lines where an arm stopped "
+                                       "(a cross: the loss of the step the guard rejected).")
 
     def grad_norm(self) -> tuple[str, str]:
         name = "grad_norm.png"
@@ -576,9 +652,10 @@ def _fmt(x: float) -> str:
 def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, grew: Optional[int]) -> str:
     """The short text summary printed by the command and shown at the top of the HTML report."""
     window = criteria["smoothing"]
-    lines = [f"arms: {', '.join(a.name for a in arms)} (reference: {divergences[0].reference if divergences else arms[0].name})"]
+    lines = [outcome(arms),
+             f"arms: {', '.join(a.name for a in arms)} (reference: {divergences[0].reference if divergences else arms[0].name})"]
     for arm in arms:
-        parts = [f"{arm.last_step()} steps"]
+        parts = [arm.ending.describe() if arm.ending.status != "unknown" else f"{arm.last_step()} steps"]
         train = arm.get(tags.TRAIN_LOSS)
         if train is not None and len(train[1]):
             parts.append(f"final train loss {_fmt(train[1][-1])} (last logged, step {int(train[0][-1])}; mean of "
@@ -617,17 +694,55 @@ def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, gr
         else:
             lines.append(f"  {d.arm} vs {d.reference}: no divergence over {d.common_steps} common logged steps "
                          f"(largest relative difference {_fmt(d.max_rel_diff)} at step {d.max_rel_step})")
+        ended = [a for a in arms if a.name in (d.arm, d.reference) and a.ending.status not in ("completed", "unknown")]
+        if ended:  # the criterion sees only the steps both logged: say where the curves stop and why
+            lines.append("    (" + "; ".join(f"{a.name} {a.ending.describe()}" for a in ended)
+                         + ": the loss criterion compares only the steps both arms logged)")
     if grew is not None:
         where, factor = arm_that_grew_most(arms, grew)
         lines.append(f"layer whose W_Q spectral norm grew most: {tags.layer_key(grew)} (x{factor:.3g}, in arm {where})")
-    lines.append(what_it_can_show(max(a.last_step() for a in arms), any(d.step is not None for d in divergences)))
+    lines.append(what_it_can_show(max(a.last_step() for a in arms), any(d.step is not None for d in divergences),
+                                  arms))
     return "\n".join(lines)
 
 
 
 
-def what_it_can_show(steps: int, diverged: bool = False) -> str:
-    """One line on what a comparison of this length can and cannot show (``diverged``: a divergence was found)."""
+def endings_reading(arms: list[Arm]) -> Optional[str]:
+    """What the arms' endings show when one did not simply complete (None when every arm completed or none says)."""
+    blown = [a for a in arms if a.ending.blew_up]
+    others = [a for a in arms if not a.ending.blew_up]
+    unfinished = [a for a in others if a.ending.status not in ("completed", "unknown")]
+    if blown and not others:
+        first = min(blown, key=lambda a: a.ending.step)
+        return (f"every arm blew up (first {first.name} at step {first.ending.step}), whatever its attention numerics: "
+                "the setting itself is unstable (learning rate, schedule, model), so this run cannot tell the arms' "
+                "numerics apart; lower optim.lr or lengthen optim.warmup_steps")
+    if blown:
+        names = ", ".join(f"{a.name} at step {a.ending.step}" for a in blown)
+        survivors = [a for a in others if a.ending.status == "completed"]
+        text = f"{names} blew up"
+        if survivors:
+            text += (f" while {', '.join(f'{a.name} trained on to step {a.ending.step}' for a in survivors)} on the "
+                     "same batches: the arms differ only in attention numerics, so the numerics decided it here; "
+                     "the monitors (W_Q growth in an early layer, a one-signed delta bias) tell the paper's "
+                     "mechanism from another cause")
+        if unfinished:
+            text += (f"; {', '.join(a.name for a in unfinished)} did not finish, so the comparison is incomplete")
+        return text
+    if unfinished:
+        return (f"{', '.join(f'{a.name} {a.ending.describe()}' for a in unfinished)}: the comparison covers only the "
+                "steps every arm logged; finish the arms (the same command resumes an interrupted one) and write "
+                "the report again")
+    return None
+
+
+def what_it_can_show(steps: int, diverged: bool = False, arms: Optional[list[Arm]] = None) -> str:
+    """One line on what a comparison of this length can and cannot show (``diverged``: a divergence was found;
+    ``arms``: their endings come first when one did not complete)."""
+    reading = endings_reading(arms) if arms else None
+    if reading:
+        return f"what this shows: {reading}"
     if steps < FAILURE_STEP_IN_PAPER // 5 and diverged:
         return f"what this shows: {steps} steps; {EARLY_DIVERGENCE}"
     if steps < FAILURE_STEP_IN_PAPER // 5:
@@ -701,12 +816,23 @@ ties.</li>
 """
 
 
+def _outcome_box(summary: str) -> str:
+    """The summary's outcome and reading, on top of the page: red when an arm blew up."""
+    lines = [line for line in summary.splitlines() if line.startswith(("outcome: ", "what this shows: "))]
+    alarm = any(line.startswith("outcome: BLEW UP") for line in lines)
+    style = "background:#fde2e1;border:2px solid #c0392b" if alarm else "background:#eef6ee;border:1px solid #9c9"
+    return (f"<div style='{style};padding:0.6em 1em;margin:1em 0'>"
+            + "".join(f"<p style='margin:0.3em 0'>{'<b>' if i == 0 else ''}{html.escape(line)}{'</b>' if i == 0 else ''}"
+                      "</p>" for i, line in enumerate(lines)) + "</div>")
+
+
 def _html(title: str, summary: str, figures: list[tuple[str, str]], out_dir: Path) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
              "pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}figure{margin:2em 0}"
              "img{max-width:100%;border:1px solid #ddd}figcaption{color:#444}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>", "<h2>Summary</h2>", f"<pre>{html.escape(summary)}</pre>",
+             f"<h1>{html.escape(title)}</h1>", _outcome_box(summary), "<h2>Summary</h2>",
+             f"<pre>{html.escape(summary)}</pre>",
              "<h2>How to read it</h2>", _HOW_TO_READ, "<h2>Panels</h2>"]
     for name, caption in figures:
         data = base64.b64encode((out_dir / name).read_bytes()).decode("ascii")

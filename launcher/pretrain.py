@@ -52,22 +52,27 @@ def parse_args(argv):
     return args
 
 
-def write_report_when_complete(tree: dict, config, completed: set[str]) -> None:
-    """Write the comparison report once every arm of the recipe is complete (``completed`` by this command, or with a
-    final checkpoint from an earlier one); otherwise say how to write it later."""
-    from launcher.checkpoint import CheckpointStore
+def write_report_when_ended(tree: dict, config) -> None:
+    """Write the comparison report once every arm of the recipe has ended, however it ended (completed, stopped by
+    the guard, interrupted, crashed or killed; launcher/arm_status.py), in this command or an earlier one; otherwise
+    say which arms have not and how to write it later."""
+    from launcher.arm_status import read_ending
     from launcher.compare import write_report
 
     names = arm_names(tree)
     if len(names) < 2:
         return
     experiment_dir = config.run_dir.parent
-    final = f"step_{config.run.max_steps:08d}.pt"
-    missing = [arm for arm in names if arm not in completed and
-               ((latest := CheckpointStore(experiment_dir / arm).latest()) is None or latest.name != final)]
-    if missing:
-        print(f"[report] not written yet: arm(s) {', '.join(missing)} have not reached step {config.run.max_steps}; "
-              f"once they have, `python -m launcher.compare {experiment_dir}` writes it", flush=True)
+    waiting = []
+    for arm in names:
+        folder = experiment_dir / arm
+        if not (folder / "config.yaml").is_file():
+            waiting.append(f"{arm} has not started")
+        elif not (ending := read_ending(folder, 0)).ended:
+            waiting.append(f"{arm} is still training")
+    if waiting:
+        print(f"[report] not written yet: {'; '.join(waiting)}; once every arm has ended, "
+              f"`python -m launcher.compare {experiment_dir}` writes it", flush=True)
         return
     write_report(experiment_dir)  # prints its summary and the report's path
 
@@ -133,10 +138,11 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
                 if warning:
                     print(f"[{config.run.arm}] {warning}", flush=True)
             results.append(train_arm(config, dims, checkpoint_writer))
-            if results[-1].status == "interrupted":
+            if results[-1].stop_requested:
                 break  # the user asked to stop: do not start the next arm
-        if dims.is_logging_rank and not args.no_report and results[-1].status != "interrupted":
-            write_report_when_complete(tree, configs[0], {r.arm for r in results if r.status == "completed"})
+        stop_requested = any(r.stop_requested for r in results)
+        if dims.is_logging_rank and not args.no_report and not stop_requested:
+            write_report_when_ended(tree, configs[0])
         distributed.shutdown(wait_for_all=True)
     except (ConfigError, DataError, CompareError) as err:
         if int(os.environ.get("RANK", "0")) == 0:  # every rank validates the same input: say it once
@@ -151,8 +157,9 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
     if dims is not None and dims.is_logging_rank:
         for r in results:
             loss = f"last loss {r.last_loss:.4f}" if math.isfinite(r.last_loss) else r.message or "no finite loss"
-            print(f"[summary] {r.arm}: {r.status} at step {r.steps}, {loss}  ({r.run_dir})")
-    if any(r.status == "interrupted" for r in results):
+            how = f"stopped by the guard ({r.message})" if r.status == "stopped" else r.status
+            print(f"[summary] {r.arm}: {how} at step {r.steps}, {loss}  ({r.run_dir})")
+    if any(r.stop_requested for r in results):
         return 130
     if any(r.status == "stopped" for r in results):
         return 3

@@ -19,9 +19,9 @@ from typing import Optional
 
 from launcher.config import ConfigError
 
-RUN_FILES = ("events.out.tfevents.*", "batch_offsets.bin", "bad_step_*.yaml", "changes.yaml", "checkpoints/step_*",
-             "checkpoints/latest", "checkpoints/*.tmp",  # step_*: checkpoints, checksums, damaged and partial ones
-             "checkpoints/warning_step_*")  # kept at early-warning onsets (monitor.on_warning)
+RUN_FILES = ("events.out.tfevents.*", "batch_offsets.bin", "bad_step_*.yaml", "changes.yaml", "status.yaml",
+             "checkpoints/step_*", "checkpoints/latest", "checkpoints/*.tmp",  # step_*: checkpoints, checksums,
+             "checkpoints/warning_step_*")  # damaged and partial ones; warning_step_*: kept at early-warning onsets
 
 
 class RunLock:

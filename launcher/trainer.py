@@ -29,6 +29,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher import distributed
+from launcher.arm_status import write_status
 from launcher.checkpoint import (CheckpointStore, HashingWriter, check_fits, gather_training_state, load_fp8_scaling,
                                  load_optimizer_state, load_parameters, rng_state, set_rng_state)
 from launcher.config import Config, ConfigError, OptimConfig, changes_refusal, config_changes, resolve_vocab_size
@@ -83,6 +84,7 @@ class ArmResult:
     last_loss: float
     run_dir: Path
     message: str = ""
+    stop_requested: bool = False  # a signal or run.max_minutes ended this command's work (also on the last step)
 
 
 @dataclass
@@ -374,6 +376,7 @@ class Trainer:
         step = self.start_step
         metrics.restart_clock()
         deadline = time.monotonic() + 60 * config.run.max_minutes if config.run.max_minutes else None
+        interrupted = False
         with StopRequested() as stop:
             while step < max_steps:
                 result = self.train_step(step)
@@ -383,7 +386,7 @@ class Trainer:
                 if not result.applied:
                     self._report_bad_step(step, result)
                     if config.guard.action == "stop":
-                        status, message = "stopped", f"stopped at step {step}: {result.problem}"
+                        status, message = "stopped", result.problem
                         break
                     # skip: the update was dropped; evaluation, checkpointing and the stop check below still run
                 else:
@@ -405,7 +408,7 @@ class Trainer:
                 if config.checkpoint.enabled and (due or interrupted or step == max_steps) and self._saved_step != step:
                     self.save_checkpoint(step)
                     metrics.restart_clock()
-                if interrupted:
+                if interrupted and step < max_steps:  # a signal during the last step: the arm is complete
                     why = f"run.max_minutes={config.run.max_minutes:g} spent" if time_up else "stopped by a signal"
                     then = ("the same command resumes" if config.checkpoint.enabled else
                             "nothing saved (checkpoint.enabled=false): the same command starts over")
@@ -417,9 +420,11 @@ class Trainer:
             self.lock.release()
         if step == self.start_step and status == "completed":
             message = "already complete; nothing to train (use another run.experiment or a larger run.max_steps)"
+        elif interrupted and status == "completed":
+            message = "the stop (a signal or run.max_minutes) came during the last step: the arm is complete"
         overhead = f", monitors {self.monitors.overhead_s:.1f}s" if self.monitors is not None else ""
         metrics.print(f"{status} at step {step}{overhead}{': ' + message if message else ''}")
-        return ArmResult(config.run.arm, status, step, last_loss, self.run_dir, message)
+        return ArmResult(config.run.arm, status, step, last_loss, self.run_dir, message, stop_requested=interrupted)
 
     def act_on_warning(self, step: int) -> Optional[str]:
         """What monitor.on_warning says to do when the early warning turned on at ``step`` (launcher/on_warning.py);
@@ -462,14 +467,34 @@ class Trainer:
                            f"the update was not applied and nothing was saved. Last good checkpoint: "
                            f"{latest or 'none yet'}")
         details = self.monitors.last_values() if self.monitors is not None else {}
+        dump = self.run_dir / f"bad_step_{step:08d}.yaml"  # the report reads it (launcher/arm_status.py)
+        record = {"step": step, "problem": result.problem, "loss": result.loss, "grad_norm": result.grad_norm}
         if details:
-            dump = self.run_dir / f"bad_step_{step:08d}.yaml"
-            dump.write_text(yaml.safe_dump({"step": step, "problem": result.problem, "loss": result.loss,
-                                            "grad_norm": result.grad_norm,
-                                            "monitors_last_values": {k: float(v) for k, v in details.items()}}))
+            record["monitors_last_values"] = {k: float(v) for k, v in details.items()}
+        dump.write_text(yaml.safe_dump(record))
+        if details:
             self.metrics.print(f"monitors' last values written to {dump}")
 
 
 def train_arm(config: Config, dims: ParallelDims, checkpoint_writer=HashingWriter) -> ArmResult:
-    """Build the arm's trainer and run it."""
-    return Trainer(config, dims, checkpoint_writer).fit()
+    """Build the arm's trainer and run it; its run folder records how it ended (launcher/arm_status.py)."""
+    trainer = Trainer(config, dims, checkpoint_writer)
+    record = dims.is_logging_rank
+    max_steps = config.run.max_steps
+    if record:
+        write_status(trainer.run_dir, "running", trainer.start_step, max_steps)
+    try:
+        result = trainer.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C
+        if record:
+            write_status(trainer.run_dir, "interrupted", trainer.start_step, max_steps,
+                         "aborted by a second Ctrl-C without saving; the same command resumes from the newest checkpoint")
+        raise
+    except Exception as err:
+        if record:
+            first = (str(err).strip().splitlines() or [""])[0]
+            write_status(trainer.run_dir, "crashed", trainer.start_step, max_steps, f"{type(err).__name__}: {first}")
+        raise
+    if record:
+        write_status(trainer.run_dir, result.status, result.steps, max_steps, result.message)
+    return result

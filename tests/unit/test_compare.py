@@ -122,3 +122,58 @@ def test_clear_errors_without_traceback(tmp_path, capsys):
     assert "holds no arm with TensorBoard events" in capsys.readouterr().err
     with pytest.raises(compare.CompareError):
         compare.write_report(tmp_path / "empty", divergence_threshold=0.0)
+
+
+def _ended_arm(run_dir: Path, status: str, step: int, max_steps: int = 600, reason: str = "") -> None:
+    """A synthetic arm with the ending the trainer records (launcher/arm_status.py)."""
+    from launcher.arm_status import write_status
+
+    write_synthetic_arm(run_dir, diverges=False, seed=3)
+    write_status(run_dir, status, step, max_steps, reason)
+
+
+def test_every_ending_is_named_in_the_summary(tmp_path):
+    """stopped (with the guard's record), killed (running, lock free), crashed, interrupted: each arm's ending leads
+    its line, the outcome line leads the summary, and an arm that blew up while another trained on is said so."""
+    import yaml
+
+    from launcher.run_folder import RunLock
+
+    exp = tmp_path / "endings"
+    _ended_arm(exp / "baseline", "stopped", 310, reason="gradient norm is inf")
+    (exp / "baseline" / "bad_step_00000310.yaml").write_text(yaml.safe_dump(
+        {"step": 310, "problem": "gradient norm is inf", "loss": 812.5, "grad_norm": float("inf")}))
+    _ended_arm(exp / "fixed", "completed", 600)
+    _ended_arm(exp / "killed", "running", 0)
+    _ended_arm(exp / "crashed", "crashed", 0, reason="RuntimeError: out of memory")
+    _ended_arm(exp / "paused", "interrupted", 400, reason="stopped by a signal at step 400; the same command resumes")
+    compare.write_report(exp, quiet=True)
+    summary = (exp / "report" / "summary.txt").read_text()
+    first = summary.splitlines()[0]
+    assert first.startswith("outcome: BLEW UP: baseline stopped by the guard at step 310 (gradient norm is inf)")
+    assert "  killed: killed after step 600 (" in summary and "out-of-memory killer" in summary
+    assert "  crashed: crashed after step 600 (RuntimeError: out of memory)" in summary
+    assert "  paused: interrupted: stopped by a signal at step 400" in summary
+    assert "fixed trained on to step 600" in summary and "numerics decided it" in summary
+    assert "rounding noise" not in summary
+    assert "<b>outcome: BLEW UP" in (exp / "report" / "report.html").read_text()
+    # an arm whose run folder is locked is still training: not an ending, and not called killed
+    lock = RunLock(exp / "killed").acquire()
+    try:
+        arms = {a.name: a for a in compare.find_arms(exp)}
+        assert arms["killed"].ending.status == "running" and not arms["killed"].ending.ended
+    finally:
+        lock.release()
+
+
+def test_a_finite_blow_up_is_not_called_complete(tmp_path):
+    """The guard lets any finite loss through: an arm that completed with its loss far above where it started blew
+    up all the same."""
+    exp = tmp_path / "rose"
+    for name in ("baseline", "fixed"):
+        writer = SummaryWriter(str(exp / name))
+        for step in range(1, 21):
+            writer.add_scalar(tags.TRAIN_LOSS, 7.6 + ((step - 1) * 1e4 if name == "fixed" else -0.1 * step), step)
+        writer.close()
+    summary = compare.summarize(compare.find_arms(exp), [], dict(compare.DEFAULT_CRITERIA), None)
+    assert "fixed completed 20 steps but blew up without a non-finite value (its train loss rose from 7.6" in summary

@@ -93,6 +93,17 @@ def test_time_limit_saves_and_the_same_command_continues(tiny_overrides):
     assert sorted(b) == sorted(a) and all(abs(a[s] - b[s]) <= 1e-6 * abs(a[s]) for s in a)
 
 
+def test_a_stop_during_the_last_step_leaves_a_complete_arm(tiny_overrides):
+    """The stop (here run.max_minutes, as a signal would) comes during the last step: the arm is complete, says so
+    (not "the same command resumes"), records it, and a rerun has nothing to train."""
+    config = load_config("smoke", tiny_overrides + ["run.max_steps=1", "optim.decay_steps=1", "run.max_minutes=1e-6"])
+    result = train_arm(config, ParallelDims())
+    assert result.status == "completed" and result.stop_requested and "the arm is complete" in result.message
+    assert "status: completed" in (result.run_dir / "status.yaml").read_text()
+    again = train_arm(load_config("smoke", tiny_overrides + ["run.max_steps=1", "optim.decay_steps=1"]), ParallelDims())
+    assert again.status == "completed" and "already complete" in again.message
+
+
 @pytest.mark.parametrize("args, expect", [
     (["smoke", "model.n_layers=3"], "Valid keys in model: vocab_size"),
     (["smoke", "data.data_dir=/nonexistent/prepared"], "python -m launcher.prepare_data --source <your"),
