@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,7 +33,13 @@ from model.gpt import GPTConfig
 
 
 class ConfigError(ValueError):
-    """A recipe or override the user must change; the message says what and how."""
+    """A recipe or override the user must change; the message says what and how (``problems``: each problem, when
+    the message lists several)."""
+
+    def __init__(self, message: str, problems: Optional[list[str]] = None):
+        super().__init__(message)
+        self.problems = problems or [message]
+        self.partial: Optional[tuple[Config, set[str]]] = None
 
 
 @dataclass
@@ -336,23 +343,24 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` and convert what YAML leaves ambiguous (1e-3 is a str there)."""
+def _coerce(value: Any, tp: Any, where: str, problems: list[str], failed: set[str]) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert what YAML leaves ambiguous (1e-3 is a str there);
+    a nested section's problems go to ``problems`` (see :func:`_build`), a leaf's are raised."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(value, args[0], where)
+        return _coerce(value, args[0], where, problems, failed)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping of {tp.__name__} fields, got {value!r}")
-        return _build(tp, value, where)
+        return _build(tp, value, where, problems, failed)
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {value!r}")
-        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_coerce(v, item, f"{where}[{i}]", problems, failed) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
@@ -371,9 +379,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         try:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where} must be a number, got {value!r}") from None
+        if not math.isfinite(number):  # no field means anything by nan or inf (0 is "off" where there is an off)
+            raise ConfigError(f"{where} must be a finite number, got {value}")
+        return number
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{where} must be a string, got {value!r}")
@@ -396,16 +407,43 @@ def _unknown_key_error(key: str, valid: list[str], where: str) -> ConfigError:
                        f"{', '.join(valid)}")
 
 
-def _build(cls: type, data: dict, where: str = ""):
+def _build(cls: type, data: dict, where: str = "", problems: Optional[list[str]] = None,
+           failed: Optional[set[str]] = None):
+    """``cls`` from a mapping, every field checked. With ``problems``, each field's problem is appended to it (and
+    its dotted name to ``failed``) and the field keeps its default, so that one pass finds them all; without, they
+    are raised together."""
+    collected = problems if problems is not None else []
+    failed = failed if failed is not None else set()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     prefix = f"{where}." if where else ""
     kwargs = {}
     for key, value in data.items():
         if key not in hints:
-            raise _unknown_key_error(str(key), names, prefix)
-        kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
+            collected.append(str(_unknown_key_error(str(key), names, prefix)))
+            continue
+        try:
+            kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}", collected, failed)
+        except ConfigError as err:
+            collected.append(str(err))
+            failed.add(f"{prefix}{key}")
+    if problems is None and collected:
+        raise problems_error(collected)
     return cls(**kwargs)
+
+
+def problems_error(problems: list[str]) -> ConfigError:
+    """One ConfigError for every problem found: one line for one, a list for several."""
+    problems = list(dict.fromkeys(problems))  # the same problem found twice (an arm's value and the recipe's)
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f"invalid configuration ({len(problems)} problems):\n  - " + "\n  - ".join(problems),
+                       problems)
+
+
+def _mentions(problem: str, fields: set[str]) -> bool:
+    """Whether ``problem`` is about one of ``fields`` (whose values could not be read, so it would mislead)."""
+    return any(re.search(rf"(?<![\w.]){re.escape(f)}(?![\w])", problem) for f in fields)
 
 
 def _set_path(tree: dict, dotted: str, value: Any) -> None:
@@ -422,17 +460,25 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
 def parse_overrides(overrides: list[str]) -> dict:
     """Turn ['optim.lr=3e-4', 'model.n_layer=4'] into a nested dict; values are parsed as YAML scalars/lists."""
     tree: dict = {}
+    problems = []
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form section.field=value (e.g. optim.lr=3e-4)")
+            problems.append(f"override '{item}' is not of the form section.field=value (e.g. optim.lr=3e-4)")
+            continue
         key, raw = item.split("=", 1)
         if not key or "." not in key:
-            raise ConfigError(f"override '{item}' needs a section and a field, e.g. run.max_steps=100")
+            problems.append(f"override '{item}' needs a section and a field, e.g. run.max_steps=100")
+            continue
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
-        _set_path(tree, key.strip(), value)
+        try:
+            _set_path(tree, key.strip(), value)
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise problems_error(problems)
     return tree
 
 
@@ -526,31 +572,47 @@ def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int
     arm_overrides = arms.get(arm) or {}
     if not isinstance(arm_overrides, dict):
         raise ConfigError(f"arms.{arm} must be a mapping like {{attention: {{fix: dynamic_max}}}}")
+    problems: list[str] = []  # every problem of the recipe, found in one pass
+    failed: set[str] = set()  # fields whose values could not be read: checks that use them would mislead
     extra = set(arm_overrides) - {"attention"}
     sections = [f.name for f in dataclasses.fields(Config) if f.name != "arms"]
     for key in sorted(extra, key=str):
         if key not in sections:  # a typo, not another section: suggest the one key an arm may hold
-            raise _unknown_key_error(str(key), ["attention"], f"arms.{arm}.")
-    if extra:
-        raise ConfigError(f"arms.{arm} overrides {', '.join(sorted(extra))}; arms may differ only in 'attention' "
-                          "so that the comparison isolates attention numerics. Move those keys to the recipe's top level.")
+            problems.append(str(_unknown_key_error(str(key), ["attention"], f"arms.{arm}.")))
+    if extra & set(sections):
+        problems.append(f"arms.{arm} overrides {', '.join(sorted(extra & set(sections)))}; arms may differ only in "
+                        "'attention' so that the comparison isolates attention numerics. Move those keys to the "
+                        "recipe's top level.")
     top = tree.get("attention")
     if isinstance(top, dict) and arms:  # values every arm replaces are still checked where they are written
-        problems = [p for p in attention_problems(_build(AttentionConfig, top, "attention"), "attention")
-                    if not p.startswith("attention.backend=sdpa has fixed")]
-        if problems:
-            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    merged = _merge({k: v for k, v in tree.items() if k != "arms"}, arm_overrides)
-    if isinstance(arm_overrides.get("attention"), dict):  # the arm's problems name the arm
-        _build(AttentionConfig, arm_overrides["attention"], f"arms.{arm}.attention")
-        problems = attention_problems(_build(AttentionConfig, merged.get("attention") or {}, "attention"),
-                                      f"arms.{arm}.attention")
-        if problems:
-            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+        top_config = _build(AttentionConfig, top, "attention", problems, failed)
+        problems += [p for p in attention_problems(top_config, "attention")
+                     if not p.startswith("attention.backend=sdpa has fixed") and not _mentions(p, failed)]
+    attention_where = "attention"
+    arm_attention = arm_overrides.get("attention")
+    if isinstance(arm_attention, dict):  # the arm's problems name the arm
+        attention_where = f"arms.{arm}.attention"
+        readable = {}
+        for key, value in arm_attention.items():
+            before = len(problems)
+            _build(AttentionConfig, {key: value}, attention_where, problems, failed)
+            if len(problems) == before:
+                readable[key] = value
+            else:
+                failed.add(f"attention.{key}")
+        arm_attention = readable
+    merged = _merge({k: v for k, v in tree.items() if k != "arms"},
+                    {"attention": arm_attention} if arm_attention is not None else {})
     merged.setdefault("run", {})
+    if not isinstance(merged["run"], dict):
+        raise ConfigError(f"run must be a mapping of RunConfig fields, got {merged['run']!r}")
     merged["run"] = {**merged["run"], "arm": arm}
-    config = _build(Config, {**merged, "arms": arms})
-    validate(config, world_size)
+    config = _build(Config, {**merged, "arms": arms}, "", problems, failed)
+    problems += [p for p in config_problems(config, world_size, attention_where) if not _mentions(p, failed)]
+    if problems:
+        err = problems_error(problems)
+        err.partial = (config, failed)  # what could be read, for checks that come later (launcher/pretrain.py)
+        raise err
     return config
 
 
@@ -586,6 +648,14 @@ def _choice(value: str, choices: tuple, where: str) -> list[str]:
 
 def validate(config: Config, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every problem found, each with what to change."""
+    problems = config_problems(config, world_size)
+    if problems:
+        raise problems_error(problems)
+
+
+def config_problems(config: Config, world_size: Optional[int] = None, attention_where: str = "attention") -> list[str]:
+    """Every problem of a typed config, each with what to change (``attention_where``: where its attention section
+    was written, for the messages)."""
     m, a, d, o, p, r = config.model, config.attention, config.data, config.optim, config.parallel, config.run
     problems: list[str] = []
     if m.n_head <= 0 or m.d_model % m.n_head:
@@ -612,7 +682,7 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
         problems.append(f"model.d_model / model.n_head = {m.head_dim} is not a head size the attention kernel supports "
                         f"({', '.join(map(str, KERNEL_HEAD_DIMS))}); for example set {fix}, or use "
                         "attention.backend=sdpa")
-    problems += attention_problems(a, "attention")
+    problems += attention_problems(a, attention_where)
     if a.fix == "stochastic_output" and a.backend in ("triton", "gluon") and config.precision.dtype == "fp32":
         problems.append("attention.fix=stochastic_output rounds O to BF16 and the Triton and Gluon kernels take BF16 "
                         "inputs; set precision.dtype=bf16 (or auto), or attention.backend=reference (it rounds FP32 "
@@ -683,8 +753,7 @@ def validate(config: Config, world_size: Optional[int] = None) -> None:
             problems.append(f"run name {name!r} must be a plain folder name (no slashes or spaces)")
     if world_size is not None and not problems:
         problems += layout_problems(config, world_size)
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return problems
 
 
 ON_WARNING = ("log", "checkpoint", "stop", "switch_fix")
@@ -784,9 +853,9 @@ def _batch_problems(config: Config, dp: int, dp_text: str) -> list[str]:
             f"{d.micro_batch_size}{dp_text}; for example set {fix}"]
 
 
-def environment_problems(config: Config) -> list[str]:
+def environment_problems(config: Config, unread: frozenset[str] = frozenset()) -> list[str]:
     """What this machine cannot do of ``config`` (devices, Transformer Engine, the output folder), each with what to
-    change; checked before anything is created."""
+    change; checked before anything is created. ``unread``: fields whose values could not be read (left out)."""
     import importlib.util
     import os
     import tempfile
@@ -827,7 +896,7 @@ def environment_problems(config: Config) -> list[str]:
         except OSError as err:
             problems.append(f"run.out_dir={config.run.out_dir}: cannot create folders in {existing} "
                             f"({os.strerror(err.errno) if err.errno else err}); choose a writable run.out_dir")
-    return problems
+    return [p for p in problems if not _mentions(p, set(unread))]
 
 
 def check_layout(world_size: int, parallel: ParallelConfig) -> list[str]:

@@ -42,7 +42,8 @@ from typing import Optional
 import yaml
 
 from kernels.modes import DELTA_REFERENCES, FIXES, REFERENCE_FIX, ROUNDINGS
-from launcher.config import ConfigError, _build, build_config, environment_problems, field_docs, load_recipe
+from launcher.config import (ConfigError, _build, build_config, environment_problems, field_docs, load_recipe,
+                             problems_error)
 from launcher.margin_report import STATE_FILE, bisect_path, load_state, save_state
 from model.attention import AttentionConfig
 
@@ -260,10 +261,11 @@ def parse_margin(tree: dict) -> MarginConfig:
     if not isinstance(raw, dict):
         raise ConfigError("margin must be a mapping of MarginConfig fields (see python -m launcher.margin "
                           "--help-config)")
-    config = _build(MarginConfig, raw, "margin")
-    problems = margin_problems(config)
+    problems: list[str] = []
+    config = _build(MarginConfig, raw, "margin", problems)
+    problems += margin_problems(config) if not problems else []  # its checks would read the defaults of bad fields
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise problems_error(problems)
     return config
 
 

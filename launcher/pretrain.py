@@ -25,7 +25,8 @@ import yaml
 from launcher import distributed
 from launcher.checkpoint import HashingWriter
 from launcher.compare import CompareError
-from launcher.config import ConfigError, arm_names, build_config, describe, environment_problems, load_recipe
+from launcher.config import (ConfigError, arm_names, build_config, describe, environment_problems, load_recipe,
+                             problems_error)
 from launcher.data import DataError
 from launcher.on_warning import EXIT_STATUS as WARNING_EXIT_STATUS
 from launcher.trainer import train_arm
@@ -114,10 +115,17 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
         tree = load_recipe(args.recipe, args.overrides)
         arms = args.arm or arm_names(tree)
         world = distributed.world_size_from_env()
-        configs = [build_config(tree, arm, world) for arm in arms]  # validate every arm before any work starts
-        problems = sorted({p for config in configs for p in environment_problems(config)})
+        configs, problems = [], []  # every arm validated before any work starts, every problem said at once
+        for arm in arms:
+            try:
+                configs.append(build_config(tree, arm, world))
+            except ConfigError as err:
+                problems += err.problems
+                if err.partial is not None:  # what this machine cannot do of the rest, in the same pass
+                    problems += environment_problems(err.partial[0], frozenset(err.partial[1]))
+        problems += [p for config in configs for p in environment_problems(config)]
         if problems:
-            raise ConfigError("this machine cannot run the configuration:\n  - " + "\n  - ".join(problems))
+            raise problems_error(problems)
         if args.experiment_dir:
             print(configs[0].run_dir.parent)
             return 0

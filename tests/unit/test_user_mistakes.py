@@ -35,6 +35,19 @@ def test_impossible_settings_stop_before_any_folder_exists(tiny_overrides, tmp_p
         assert not (tmp_path / "runs").exists()
 
 
+def test_non_finite_numbers_are_refused_in_one_line_and_every_problem_at_once(tiny_overrides, tmp_path):
+    """optim.lr=nan once passed validation, made the run folder and its lock, and ended in torch's traceback."""
+    for value, said in (("nan", "nan"), (".inf", "inf")):  # YAML reads .inf as a float, nan as a string
+        proc = cli("smoke", *tiny_overrides, f"optim.lr={value}")
+        out = one_line_error(proc)
+        assert out.strip().splitlines() == [f"error: optim.lr must be a finite number, got {said}"], out
+        assert not (tmp_path / "runs").exists()
+    out = one_line_error(cli("smoke", *tiny_overrides, "optim.lr=nan", "model.n_layer=two", "run.device=cuda",
+                             "arms.fixed.attention.fix=nope"))
+    assert "invalid configuration (4 problems)" in out and "no CUDA GPU is visible" in out, out
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_output_folder_that_cannot_be_made_is_named(tiny_overrides, tmp_path):
     (tmp_path / "a_file").write_text("")
     out = one_line_error(cli("smoke", *tiny_overrides, f"run.out_dir={tmp_path / 'a_file' / 'runs'}"))
