@@ -945,6 +945,22 @@ def resolve_vocab_size(config: Config, data_vocab_size: int) -> Config:
     return dataclasses.replace(config, model=dataclasses.replace(m, vocab_size=vocab_size))
 
 
+def parameter_estimate(config: Config) -> tuple[float, int]:
+    """(parameters, vocabulary) of the model without building it: 12 x layers x d_model^2 for blocks with a 4x FFN
+    (scaled for other widths), plus the embedding. model.vocab_size=0 takes the prepared data's vocabulary from its
+    meta.json, or GPT-2's padded 50,304 while the data is not prepared yet."""
+    import json
+
+    m = config.model
+    vocab = m.vocab_size
+    if not vocab:
+        try:
+            vocab = int(json.loads((Path(config.data.data_dir) / "meta.json").read_text())["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            vocab = 50304
+    return 12 * m.n_layer * m.d_model ** 2 * (m.ffn_mult + 2) / 6 + vocab * m.d_model, vocab
+
+
 def layout_problems(config: Config, world_size: int) -> list[str]:
     """Problems of running ``config`` on ``world_size`` processes, each naming values that work."""
     p, d = config.parallel, config.data

@@ -17,8 +17,15 @@ has no ``arms``: the grid makes them. What the table means and the rules: docs/m
   next. ``full`` runs every cell, in the same order. Diverged arms are stopped early (``margin.stop_diverged``).
 - Ctrl-C (or SIGTERM) asks every running arm to save a checkpoint and exit; rerunning the same command resumes
   them and skips arms already judged (``margin_state.json`` in the experiment folder).
-- ``--dry-run`` prints the plan and the time estimate; ``--report-only`` rewrites the report from the runs so far
-  (e.g. with other warning thresholds: ``monitor.warning_tie_rate=0.2``).
+- The grid must fit the machine (:func:`fit_problems`): on a GPU, ``margin.processes`` x ``margin.arm_memory_gb`` in
+  its memory; on a CPU, one core per arm and ``margin.processes`` x one arm's host memory (estimated from the model,
+  :func:`cpu_arm_memory_gb`, or ``margin.arm_host_memory_gb``) in the memory available; else the command refuses it
+  and names the value to set. ``--machine cpus=2,memory_gb=8`` (or ``gpu_gb=80``) plans for another machine.
+- An arm killed by a signal (``kill -9``, the out-of-memory killer) is named so, with the signal; after a SIGKILL
+  fewer arms run at once, and the same command starts the arm again up to ``margin.retries`` times (it resumes from
+  its last checkpoint). Arms still killed, or failed, are started again by ``--retry-failed``.
+- ``--dry-run`` prints the plan and the time estimate (also before the data is prepared); ``--report-only``
+  rewrites the report from the runs so far (e.g. with other warning thresholds: ``monitor.warning_tie_rate=0.2``).
 """
 
 from __future__ import annotations
@@ -91,6 +98,12 @@ class MarginConfig:
     arm_memory_gb: float = 6.0
     """Estimated peak GPU memory of one arm (the report prints the measured perf/max_memory_gb); processes x this
     must fit in the GPU's memory."""
+    arm_host_memory_gb: float = 0.0
+    """On a CPU: peak host memory of one arm; 0 estimates it from the model and batch shape (cpu_arm_memory_gb in
+    launcher/margin.py). processes x this must fit in the host's available memory, and processes in its cores."""
+    retries: int = 2
+    """Times this command starts an arm again after a signal killed it (e.g. the out-of-memory killer); it resumes
+    from its last checkpoint. Arms still killed, or failed, after that are started again by --retry-failed."""
     stop_diverged: bool = True
     """Stop an arm as soon as it is judged diverged (frees its process slot; its curves end there)."""
     loss_margin: float = 1.0
@@ -241,6 +254,8 @@ def margin_problems(m: MarginConfig) -> list[str]:
         problems.append(f"margin.loss_margin={m.loss_margin} must be > 0 (nats above the median, e.g. 1.0)")
     if m.patience < 1 or m.min_arms < 1:
         problems.append("margin.patience and margin.min_arms must be >= 1")
+    if m.retries < 0 or not m.arm_host_memory_gb >= 0:
+        problems.append("margin.retries and margin.arm_host_memory_gb must be >= 0")
     return problems
 
 
@@ -326,7 +341,8 @@ def next_arms(plan: Plan, status_of, running: set[str]) -> list[str]:
                     spare.append(((depth + 1, *rank), gains[(a + b) // 2][1]))
     out, seen = [], set()
     for _, key in sorted(needed) + sorted(spare):
-        if key not in seen and key not in running and status_of(key) not in ("survived", "diverged", "failed"):
+        if key not in seen and key not in running and status_of(key) not in ("survived", "diverged", "failed",
+                                                                             "killed"):
             seen.add(key)
             out.append(key)
     return out
@@ -383,8 +399,84 @@ def estimate(plan: Plan, steps: int) -> Estimate:
     return Estimate(sum(chains), rounds, arm_minutes, rounds * arm_minutes)
 
 
-def fit_problems(plan: Plan, steps: int, on_gpu: bool, gpu_gb: float) -> list[str]:
-    """Why the grid cannot run as configured (time budget, device memory)."""
+@dataclass
+class Machine:
+    """What the arms share: one GPU's memory (``gpu_gb`` > 0), or this host's CPU cores and available memory."""
+
+    gpu_gb: float = 0.0
+    cpus: int = 1
+    memory_gb: float = 0.0
+
+    @classmethod
+    def detect(cls, on_gpu: bool) -> "Machine":
+        """This machine: the first GPU when the arms run there, else the cores this process may use and the host
+        memory available now (/proc/meminfo's MemAvailable: what other jobs leave)."""
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if on_gpu:
+            import torch
+
+            return cls(gpu_gb=torch.cuda.get_device_properties(0).total_memory / 2**30, cpus=cpus)
+        available = None
+        try:
+            with open("/proc/meminfo") as f:
+                info = dict(line.split(":", 1) for line in f)
+            available = int(info["MemAvailable"].split()[0]) / 2**20
+        except (OSError, KeyError, ValueError):
+            pass
+        if available is None:
+            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        return cls(cpus=cpus, memory_gb=available)
+
+    @classmethod
+    def parse(cls, text: str) -> "Machine":
+        """``gpu_gb=80`` or ``cpus=2,memory_gb=8`` (--machine: plan for another machine, or simulate a small one)."""
+        values = {}
+        for part in filter(None, text.split(",")):
+            key, _, value = part.partition("=")
+            if key.strip() not in ("gpu_gb", "cpus", "memory_gb"):
+                raise ConfigError(f"--machine {text}: {key.strip()!r} is not one of gpu_gb, cpus, memory_gb "
+                                  "(e.g. --machine cpus=2,memory_gb=8 or --machine gpu_gb=80)")
+            try:
+                values[key.strip()] = int(value) if key.strip() == "cpus" else float(value)
+            except ValueError:
+                raise ConfigError(f"--machine {text}: {key.strip()}={value!r} is not a number") from None
+        if not all(math.isfinite(v) and v > 0 for v in values.values()):
+            raise ConfigError(f"--machine {text}: sizes must be positive numbers")
+        return cls(**values)
+
+    def describe(self) -> str:
+        if self.gpu_gb:
+            return f"one GPU of {self.gpu_gb:.0f} GB"
+        return f"CPU: {self.cpus} core(s), {self.memory_gb:.1f} GB of host memory available"
+
+
+# Peak host memory of one arm on a CPU (fp32, the PyTorch reference attention, monitors on), fitted to the maximum
+# resident set size (/usr/bin/time -v) of 2-step arms of `launcher.pretrain smoke` on the 2-core CPU machine, vocabulary
+# 8,192 (2026-12-02): 6 x 384, 6 heads, context 256, micro-batch 64: 5.50 GB (estimate 5.9); micro-batch 16: 1.95
+# (1.96); context 128, micro-batch 32: 1.89 (1.89); 2 layers, micro-batch 16: 1.35 (1.34); smoke's 4 x 128: 0.54 (0.57).
+CPU_ARM_BASE_GB = 0.45  # Python, torch, TensorBoard
+CPU_BYTES_PER_TOKEN_LAYER_D = 72  # activations per token and layer, per unit of d_model (~18 FP32 copies)
+CPU_BYTES_PER_TOKEN_LAYER_SCORE = 4  # ... per attention score of the token's row (n_head x seq_len)
+CPU_BYTES_PER_TOKEN_VOCAB = 17  # logits, their softmax and gradient, per token and vocabulary entry
+
+
+def cpu_arm_memory_gb(config) -> float:
+    """Estimated peak host memory of one arm of ``config`` on a CPU, in GB: the process, parameters with gradients
+    and Adam state (16 bytes each), and the activations of one micro-batch (see the constants above)."""
+    from launcher.config import parameter_estimate
+
+    m, d = config.model, config.data
+    params, vocab = parameter_estimate(config)
+    tokens = d.micro_batch_size * d.seq_len
+    per_token = (m.n_layer * (CPU_BYTES_PER_TOKEN_LAYER_D * m.d_model
+                              + CPU_BYTES_PER_TOKEN_LAYER_SCORE * m.n_head * d.seq_len)
+                 + CPU_BYTES_PER_TOKEN_VOCAB * vocab)
+    return CPU_ARM_BASE_GB + (16 * params + tokens * per_token) / 2**30
+
+
+def fit_problems(plan: Plan, steps: int, machine: Machine, host_arm_gb: float = 0.0) -> list[str]:
+    """Why the grid cannot run as configured on ``machine`` (time budget; GPU memory, or CPU cores and host memory,
+    ``host_arm_gb`` being one arm's host memory on a CPU), each saying what to change."""
     m = plan.config
     problems = []
     est = estimate(plan, steps)
@@ -393,11 +485,25 @@ def fit_problems(plan: Plan, steps: int, on_gpu: bool, gpu_gb: float) -> list[st
                         f"margin.budget_minutes={m.budget_minutes:g}: drop gains, numerics, signs or seeds, lower "
                         "run.max_steps, raise margin.processes, " + ("use margin.schedule=bisect, " if m.schedule == "full" else "")
                         + "or raise margin.budget_minutes")
-    if on_gpu and m.processes * m.arm_memory_gb > 0.92 * gpu_gb:
-        fit = max(1, int(0.92 * gpu_gb // max(m.arm_memory_gb, 1e-9)))
+    if machine.gpu_gb and m.processes * m.arm_memory_gb > 0.92 * machine.gpu_gb:
+        fit = max(1, int(0.92 * machine.gpu_gb // max(m.arm_memory_gb, 1e-9)))
         problems.append(f"margin.processes={m.processes} x margin.arm_memory_gb={m.arm_memory_gb:g} GB does not fit in "
-                        f"the GPU's {gpu_gb:.0f} GB: set margin.processes={fit} (or measure the arm's memory and set "
+                        f"the GPU's {machine.gpu_gb:.0f} GB: set margin.processes={fit} (or measure the arm's memory and set "
                         "margin.arm_memory_gb)")
+    elif not machine.gpu_gb:
+        source = ("margin.arm_host_memory_gb" if m.arm_host_memory_gb else
+                  "estimated from the model and batch shape; set margin.arm_host_memory_gb if you measured it")
+        by_memory = int(0.9 * machine.memory_gb // max(host_arm_gb, 1e-9))
+        fit = min(machine.cpus, by_memory)
+        if fit < 1:
+            problems.append(f"one arm needs ~{host_arm_gb:.1f} GB of host memory ({source}) and this machine has "
+                            f"{machine.memory_gb:.1f} GB available: shrink the arm (data.micro_batch_size, "
+                            "data.seq_len, model.*) or use a GPU")
+        elif m.processes > fit:
+            limit = (f"{machine.cpus} core(s)" if fit == machine.cpus else
+                     f"{machine.memory_gb:.1f} GB of host memory available, ~{host_arm_gb:.1f} GB per arm ({source})")
+            problems.append(f"margin.processes={m.processes} arms at once do not fit this CPU machine ({limit}): "
+                            f"set margin.processes={fit}")
     return problems
 
 
@@ -478,7 +584,8 @@ class ArmProcess:
 class Runner:
     """Starts, watches, judges and stops the arms of a plan (see the module docstring)."""
 
-    def __init__(self, plan: Plan, trees: dict[int, dict], experiment_dir: Path, max_steps: int, log_interval: int):
+    def __init__(self, plan: Plan, trees: dict[int, dict], experiment_dir: Path, max_steps: int, log_interval: int,
+                 retry_failed: bool = False):
         from launcher.margin_report import DivergenceRule
 
         self.plan, self.trees, self.dir = plan, trees, experiment_dir
@@ -494,9 +601,20 @@ class Runner:
         self.steps_run = 0  # optimizer steps trained by arms of this invocation that have ended (for the ETA)
         self.n_started = 0
         self._last_progress = 0.0
+        self.slots = m.processes  # arms at once; lowered after the out-of-memory killer struck
+        self.kills: dict[str, int] = {}  # arms killed by a signal in this command, and how often
+        if retry_failed:
+            again = [k for k, a in self.state["arms"].items() if a.get("status") in ("killed", "failed")]
+            for key in again:
+                self.state["arms"][key]["status"] = "retry"
+            print(f"[margin] --retry-failed: {len(again)} arm(s) start again" + (f": {', '.join(again)}" if again else
+                  " (none was killed or failed)"), flush=True)
 
     def status_of(self, key: str) -> Optional[str]:
-        return self.state["arms"].get(key, {}).get("status")
+        status = self.state["arms"].get(key, {}).get("status")
+        if status == "killed" and 0 < self.kills.get(key, 0) <= self.plan.config.retries:
+            return None  # killed in this command with retries left: it starts again
+        return status
 
     def _record(self, key: str, **fields) -> None:
         self.state["arms"].setdefault(key, {}).update(fields)
@@ -589,12 +707,39 @@ class Runner:
                 print(f"[margin] {key} DIVERGED (trainer guard): {why}", flush=True)
             elif rc == 130:  # saved and stopped on a signal: the next invocation resumes it
                 self._record(key, status="interrupted", step=last)
+            elif rc < 0 and not self.stop_requested:  # a signal nobody here sent: kill -9, the out-of-memory killer
+                self._killed(key, proc, -rc, last)
             else:
                 self._record(key, status="failed", reason=f"exit {rc}: {proc.last_line}")
                 print(f"[margin] {key} FAILED (exit {rc}): {proc.last_line} (log: "
                       f"{self.dir / f'seed_{proc.spec.seed}' / 'logs' / (proc.spec.name + '.log')})", flush=True)
                 if rc == 2:  # an input problem (data, config) that every arm shares: stop starting more
                     raise ConfigError(f"arm {key} refused its configuration: {proc.last_line}")
+
+    def _killed(self, key: str, proc: ArmProcess, signum: int, last: int) -> None:
+        """Name the kill, lower the arms at once after an out-of-memory kill, retry up to margin.retries times."""
+        name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+        likely = " (likely the out-of-memory killer)" if signum == signal.SIGKILL else ""
+        self.kills[key] = self.kills.get(key, 0) + 1
+        limit = self.plan.config.retries
+        checkpoints = self.dir / key / "checkpoints"
+        size = sum(p.stat().st_size for p in checkpoints.glob("*") if p.is_file()) if checkpoints.is_dir() else 0
+        self._record(key, status="killed", step=last, reason=f"killed by {name}{likely} after step {last}",
+                     checkpoints=str(checkpoints) if size else "")
+        print(f"[margin] {key} KILLED by {name}{likely} after step {last}, with {len(self.procs)} other arm(s) "
+              f"running (log: {self.dir / f'seed_{proc.spec.seed}' / 'logs' / (proc.spec.name + '.log')})", flush=True)
+        if signum == signal.SIGKILL and len(self.procs) < self.slots:
+            self.slots = max(1, len(self.procs))
+            print(f"[margin] at most {self.slots} arm(s) at once from now on (margin.processes="
+                  f"{self.plan.config.processes} did not fit in memory)", flush=True)
+        if self.kills[key] <= limit:
+            print(f"[margin] {key}: starting it again ({self.kills[key]} of margin.retries={limit}), from its last "
+                  "checkpoint if it saved one", flush=True)
+        else:
+            kept = (f"its checkpoints ({size / 2**20:,.0f} MB) stay in {checkpoints} for the retry"
+                    if size else "it saved no checkpoint")
+            print(f"[margin] {key}: not started again (margin.retries={limit} spent); {kept}: the same command with "
+                  "--retry-failed (and a lower margin.processes) continues it", flush=True)
 
     def _progress(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -603,7 +748,7 @@ class Runner:
         self._last_progress = now
         m = self.plan.config
         statuses = [self.status_of(k) for k in self.plan.arms]
-        judged = {s: statuses.count(s) for s in ("survived", "diverged", "failed")}
+        judged = {s: statuses.count(s) for s in ("survived", "diverged", "failed", "killed")}
         if m.schedule == "full":
             todo = len(next_arms(self.plan, self.status_of, set(self.procs)))
         else:  # the bisections' worst case: arms they may still need
@@ -616,6 +761,7 @@ class Runner:
         rate = trained / elapsed if trained > 0 and elapsed > 0 else m.processes / max(m.step_seconds, 1e-9)
         eta = remaining / rate / 60
         print(f"[margin] {judged['survived']} survived, {judged['diverged']} diverged, {judged['failed']} failed, "
+              + (f"{judged['killed']} killed, " if judged["killed"] else "") +
               f"{len(self.procs)} running, up to {todo} to start | {elapsed / 60:.1f} min elapsed, ETA "
               f"<= {eta:.1f} min{'' if trained > 0 else ' (estimated)'}", flush=True)
 
@@ -651,7 +797,7 @@ class Runner:
                 self._reap()
                 if not self.stop_requested:
                     for key in next_arms(self.plan, self.status_of, set(self.procs)):
-                        if len(self.procs) >= m.processes:
+                        if len(self.procs) >= self.slots:
                             break
                         self._start(key)
                 if not self.procs:
@@ -670,9 +816,10 @@ class Runner:
         if self.stop_requested:
             print("[margin] interrupted: the same command resumes the unfinished arms", flush=True)
             return 130
-        failed = [k for k in self.plan.arms if self.status_of(k) == "failed"]
+        failed = [k for k in self.plan.arms if self.status_of(k) in ("failed", "killed")]
         if failed:
-            print(f"[margin] {len(failed)} arm(s) failed (see their logs): {', '.join(failed)}", flush=True)
+            print(f"[margin] {len(failed)} arm(s) killed or failed (see their logs): {', '.join(failed)}; the same "
+                  "command with --retry-failed starts them again", flush=True)
             return 1
         return 0
 
@@ -704,6 +851,12 @@ def parse_args(argv):
     parser.add_argument("overrides", nargs="*", help="section.field=value, e.g. margin.gains=[1,20] run.max_steps=500")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimate, then exit")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report from the runs so far")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="start the arms that earlier commands left killed or failed again (they resume from "
+                             "their last checkpoints)")
+    parser.add_argument("--machine", default=None,
+                        help="size the grid for this machine instead of the one detected: gpu_gb=80, or "
+                             "cpus=2,memory_gb=8 (a CPU machine)")
     parser.add_argument("--help-config", action="store_true", help="list the margin section's fields")
     args = parser.parse_intermixed_args(argv)
     if args.help_config:
@@ -715,8 +868,9 @@ def parse_args(argv):
     return args
 
 
-def prepare(recipe: str, overrides: list[str]) -> tuple[Plan, dict[int, dict], Path, object]:
-    """Load, validate and expand; returns (plan, generated recipe per seed, experiment folder, first arm's config)."""
+def prepare(recipe: str, overrides: list[str], dry_run: bool = False) -> tuple[Plan, dict[int, dict], Path, object]:
+    """Load, validate and expand; returns (plan, generated recipe per seed, experiment folder, first arm's config).
+    ``dry_run``: data that is not prepared yet is a note, not an error (the plan does not need it)."""
     tree = load_recipe(recipe, overrides)
     if tree.get("arms"):
         raise ConfigError("a margin recipe has no 'arms': the grid (margin.numerics, gains, signs) makes them; "
@@ -735,7 +889,12 @@ def prepare(recipe: str, overrides: list[str]) -> tuple[Plan, dict[int, dict], P
     if base.monitor.on_warning == "stop":
         raise ConfigError("monitor.on_warning=stop would end margin arms at the early warning, before they survive or "
                           "diverge; use monitor.on_warning=log, checkpoint or switch_fix")
-    _check_data(base)
+    try:
+        _check_data(base)
+    except ConfigError as err:
+        if not dry_run:
+            raise
+        print(f"[margin] note: {err}", flush=True)
     experiment_dir = Path(base.run.out_dir) / base.run.experiment
     trees = {seed: seed_tree(tree, plan, seed, experiment_dir) for seed in margin.seeds}
     first = None
@@ -749,7 +908,7 @@ def prepare(recipe: str, overrides: list[str]) -> tuple[Plan, dict[int, dict], P
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        plan, trees, experiment_dir, first = prepare(args.recipe, args.overrides)
+        plan, trees, experiment_dir, first = prepare(args.recipe, args.overrides, args.dry_run)
         steps = first.run.max_steps
         from launcher.margin_report import write_report
 
@@ -760,11 +919,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         problems = environment_problems(first)
         on_gpu = torch.cuda.is_available() and first.run.device != "cpu"
-        gpu_gb = torch.cuda.get_device_properties(0).total_memory / 2**30 if on_gpu else 0.0
-        problems += fit_problems(plan, steps, on_gpu, gpu_gb)
+        machine = Machine.parse(args.machine) if args.machine else Machine.detect(on_gpu)
+        host_arm_gb = plan.config.arm_host_memory_gb or cpu_arm_memory_gb(first)
+        problems += fit_problems(plan, steps, machine, host_arm_gb)
         est = estimate(plan, steps)
         print(f"[margin] {experiment_dir}: {len(plan.config.numerics)} numerics x {len(plan.config.gains)} gains x "
               f"{len(plan.config.signs)} signs x {len(plan.config.seeds)} seed(s), schedule {plan.config.schedule}")
+        print(f"[margin] machine: {machine.describe()}" + ("" if machine.gpu_gb else
+              f"; one arm needs ~{host_arm_gb:.1f} GB of host memory"
+              + (" (margin.arm_host_memory_gb)" if plan.config.arm_host_memory_gb else " (estimated"
+                 + ("; vocabulary 50,304 assumed until the data is prepared)" if not first.model.vocab_size and not
+                    (Path(first.data.data_dir) / "meta.json").is_file() else ")"))))
         for note in plan.notes:
             print(f"[margin] {note}")
         print(f"[margin] estimate: {est.describe(plan.config, steps)}", flush=True)
@@ -781,7 +946,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             (folder / "recipe.yaml").write_text("# generated by python -m launcher.margin; do not edit\n"
                                                 + yaml.safe_dump(t, sort_keys=False))
         _prepare_embedded_data(first)
-        runner = Runner(plan, trees, experiment_dir, steps, first.run.log_interval)
+        runner = Runner(plan, trees, experiment_dir, steps, first.run.log_interval, args.retry_failed)
         rc = runner.run()
         if rc != 130:
             write_report(experiment_dir, plan, first)

@@ -154,7 +154,7 @@ def judge(curves: dict[str, tuple], rule: DivergenceRule) -> dict[str, Verdict]:
 class Outcome:
     """What a grid cell came to: survived / diverged (observed or implied), failed, or not run."""
 
-    status: str  # survived | diverged | failed | running | none
+    status: str  # survived | diverged | failed | killed | running | none
     observed: bool
     step: Optional[int] = None
     arm: Optional[str] = None
@@ -166,6 +166,8 @@ class Outcome:
             text = "S"
         elif self.status == "failed":
             text = "fail"
+        elif self.status == "killed":
+            text = "killed"
         else:
             return "-"
         return text if self.observed else f"({text})"
@@ -181,7 +183,7 @@ def series_outcomes(gains: list[tuple[float, str]], status: dict[str, dict], bis
     for g, key in gains:
         a = status.get(key, {})
         st = a.get("status")
-        if st in ("survived", "diverged", "failed"):
+        if st in ("survived", "diverged", "failed", "killed"):
             out[g] = Outcome(st, True, a.get("step"), key)
         else:
             out[g] = Outcome("none", False, arm=key)
@@ -229,7 +231,7 @@ def bias_verdict(kept: Optional[Margin], random: Optional[Margin], kept_out, ran
         return "kept sign never diverged within the run's steps: no margin found, the control cannot tell"
     g = kept.smallest_diverged
     r = random_out.get(g)
-    if r is None or r.status in ("none", "failed"):
+    if r is None or r.status in ("none", "failed", "killed"):
         return f"kept diverges at g={g:g}; the random control was not run there"
     if r.status == "survived":
         return (f"bias: random sign survives g={g:g} where kept diverges"
@@ -248,10 +250,12 @@ def _finalise_status(experiment_dir: Path, plan, state: dict, rule: DivergenceRu
         arm_dir = experiment_dir / key
         scalars[key] = load_scalars(arm_dir) if arm_dir.is_dir() else {}
     status = {k: dict(v) for k, v in state.get("arms", {}).items() if k in plan.arms}
+    # a killed or failed arm's curves stop where its process died: they are not judged (the runner says the same)
+    ended_early = {k for k, v in status.items() if v.get("status") in ("killed", "failed")}
     for seed in plan.config.seeds:
         curves = {}
         for key, sc in scalars.items():
-            if plan.arms[key].seed != seed or tags.TRAIN_LOSS not in sc:
+            if plan.arms[key].seed != seed or tags.TRAIN_LOSS not in sc or key in ended_early:
                 continue
             steps, loss = sc[tags.TRAIN_LOSS]
             grad = sc.get(tags.TRAIN_GRAD_NORM)
@@ -264,7 +268,7 @@ def _finalise_status(experiment_dir: Path, plan, state: dict, rule: DivergenceRu
                 entry.update(status="diverged", step=v.step, reason=v.reason + " (judged by the report)")
         for key, sc in scalars.items():
             bad = sc.get(tags.GUARD_BAD_STEPS)
-            if plan.arms[key].seed == seed and bad is not None and len(bad[0]) and \
+            if plan.arms[key].seed == seed and bad is not None and len(bad[0]) and key not in ended_early and \
                     status.get(key, {}).get("status") != "diverged":
                 status.setdefault(key, {}).update(status="diverged", step=int(bad[0][0]),
                                                   reason="trainer guard: non-finite loss or gradient")
@@ -323,7 +327,8 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
                       f"{_pooled_text(pm.get('random'), pooled.get('random'))} | {control} |")
     md += ["", "## Every cell", "",
            "S survived, D@step diverged at that step, (..) implied by the bisection, - not run, fail: the arm "
-           "crashed (see its log).", ""]
+           "crashed (see its log), killed: a signal ended it (likely the out-of-memory killer; --retry-failed "
+           "continues it).", ""]
     gains = sorted(m.gains)
     md.append("| numerics | sign | seed | " + " | ".join(f"g={g:g}" for g in gains) + " |")
     md.append("|---|---|---|" + "---|" * len(gains))
@@ -331,7 +336,7 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         md.append(f"| {numerics} | {sign} | {seed} | " + " | ".join(o[g].short() for g in gains) + " |")
     md += ["", "## Arms", "", "| arm | seed | cells | status | step | reason | early warning | lead / false alarm | "
            "which signal, where; numerics |", "|---|---|---|---|---|---|---|---|---|"]
-    leads, false_alarms, stable = [], 0, 0
+    leads, false_alarms, stable, too_early = [], 0, 0, 0
     for key, spec in plan.arms.items():
         st = status.get(key, {})
         s = st.get("status", "not run")
@@ -341,6 +346,9 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
             if w is not None and w <= st["step"]:
                 judged = f"lead {st['step'] - w} steps"
                 leads.append(st["step"] - w)
+            elif st["step"] <= warn_rule.after_step:
+                judged = f"too early to warn (monitor.warning_after_step={warn_rule.after_step})"
+                too_early += 1
             else:
                 judged = "missed (no warning before divergence)"
         elif s == "survived":
@@ -351,9 +359,11 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         md.append(f"| {spec.name} | {spec.seed} | {len(spec.cells)} | {s} | {st.get('step', '')} | "
                   f"{_cell(st.get('reason', ''))} | {'' if w is None else f'on at {w}'} | {judged} | "
                   f"{_cell(onsets[0].describe(), 400) if onsets else ''} |")
-    diverged = sum(1 for st in status.values() if st.get("status") == "diverged")
+    diverged = sum(1 for st in status.values() if st.get("status") == "diverged") - too_early
+    early = (f" ({too_early} more diverged by step {warn_rule.after_step}, before the rule may warn)"
+             if too_early else "")
     warn_line = (f"Early warning ({warn_rule.describe()}; thresholds monitor.warning_*): warned before "
-                 f"divergence on {len(leads)} of {diverged} diverged arms"
+                 f"divergence on {len(leads)} of {diverged} diverged arms{early}"
                  + (f" (lead time median {int(np.median(leads))} steps, min {min(leads)}, max {max(leads)})"
                     if leads else "") + f"; false alarms on {false_alarms} of {stable} stable arms.")
     md += ["", "## Early warning", "", warn_line, "",

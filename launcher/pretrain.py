@@ -26,7 +26,7 @@ from launcher import distributed
 from launcher.checkpoint import HashingWriter
 from launcher.compare import CompareError
 from launcher.config import (ConfigError, arm_names, build_config, describe, environment_problems, load_recipe,
-                             problems_error)
+                             parameter_estimate, problems_error)
 from launcher.data import DataError
 from launcher.on_warning import EXIT_STATUS as WARNING_EXIT_STATUS
 from launcher.trainer import train_arm
@@ -95,8 +95,7 @@ def cpu_warning(config) -> Optional[str]:
     """A warning for a model too large to train on a CPU, before its first (silent) step: training FLOPs per step
     from the usual 6 x parameters x tokens (+ attention), without building the model."""
     m, d = config.model, config.data
-    vocab = m.vocab_size or 50304
-    params = 12 * m.n_layer * m.d_model ** 2 * (m.ffn_mult + 2) / 6 + vocab * m.d_model
+    params, _ = parameter_estimate(config)
     tokens = d.global_batch_size * d.seq_len
     tflop = (6 * params + 12 * m.n_layer * m.d_model * d.seq_len) * tokens / 1e12
     if tflop < CPU_STEP_WARNING_TFLOP:

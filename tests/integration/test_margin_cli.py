@@ -4,6 +4,7 @@ rerun trains nothing and rewrites the report; Ctrl-C saves every arm and the sam
 only: nothing diverges at this size (the rules are tested in tests/unit/test_margin.py)."""
 
 import json
+from pathlib import Path
 
 from tests.runs import launch
 
@@ -74,3 +75,60 @@ def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path, kjv_data):
     assert "margin.max_minutes=0.4 spent" in again.stdout and "resumed from" in log.read_text()
     state = json.loads((tmp_path / "m" / "margin_state.json").read_text())
     assert {a["status"] for a in state["arms"].values()} == {"interrupted"}, state
+
+
+def test_a_grid_larger_than_the_machine_is_refused_and_the_plan_needs_no_data(tmp_path, kjv_data):
+    """--machine simulates a small CPU machine: four arms of ~0.5 GB at once do not fit in 1 GB. The refusal is one
+    line naming the value to set, before any folder exists. --dry-run shows the plan before the data is prepared."""
+    import subprocess
+    import sys
+
+    from tests.runs import REPO, launcher_env
+
+    def margin(*args):
+        return subprocess.run([sys.executable, "-m", "launcher.margin", "margin", *TINY, "margin.processes=4",
+                               f"run.out_dir={tmp_path}", "run.experiment=m", *args], cwd=REPO, env=launcher_env(),
+                              capture_output=True, text=True, timeout=120)
+
+    refused = margin(f"data.data_dir={kjv_data}", "--machine", "cpus=8,memory_gb=1")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "do not fit this CPU machine" in lines[0] and lines[0].endswith(
+        "set margin.processes=1"), refused.stderr
+    assert not (tmp_path / "m").exists()
+    plan = margin(f"data.data_dir={tmp_path / 'not_prepared'}", "--dry-run", "--machine", "cpus=8,memory_gb=16")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "holds no prepared data" in plan.stdout and "seed_1337/paper-none_g1_kept: attention" in plan.stdout
+
+
+def test_a_killed_arm_is_named_and_retried_by_the_same_command(tmp_path, kjv_data):
+    """kill -9 of one arm's process mid-run (as the out-of-memory killer does): the console names the signal, the
+    same command starts the arm again from its checkpoint, and the console and the report agree it survived."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.runs import REPO, launcher_env
+
+    args = ["margin", *TINY, f"data.data_dir={kjv_data}", f"run.out_dir={tmp_path}", "run.experiment=m",
+            "run.max_steps=30", "run.log_interval=1", "checkpoint.interval=4", "margin.budget_minutes=0"]
+    log = tmp_path / "m" / "seed_1337" / "logs" / "paper-none_g1_kept.log"
+    with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and "step      9/" in log.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the arm never logged step 9"
+            time.sleep(0.1)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        arm = next(pid for pid in map(int, children)
+                   if b"paper-none_g1_kept" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(arm, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    assert "seed_1337/paper-none_g1_kept KILLED by SIGKILL (likely the out-of-memory killer) after step" in out
+    assert "starting it again (1 of margin.retries=2)" in out and "resumed from" in log.read_text()
+    state = json.loads((tmp_path / "m" / "margin_state.json").read_text())
+    assert {a["status"] for a in state["arms"].values()} == {"survived"}, state
+    assert "| paper-none_g1_kept | 1337 | 1 | survived |" in (tmp_path / "m" / "margin_report" / "margin.md").read_text()

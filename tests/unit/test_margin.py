@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from launcher import margin_report as mr
-from launcher.margin import (MarginConfig, bisect_path, estimate, expand, fit_problems, margin_problems, next_arms,
-                             parse_progress)
+from launcher.config import ConfigError
+from launcher.margin import (Machine, MarginConfig, bisect_path, estimate, expand, fit_problems, margin_problems,
+                             next_arms, parse_progress)
 from launcher.monitors import tags
 from launcher.monitors.warning import EarlyWarning, WarningRule, evaluate
 from tests.runs import REPO
@@ -101,12 +102,27 @@ def test_estimate_and_budget_error():
     plan = expand(grid)
     est = estimate(plan, 1500)
     assert est.runs == 4 * 2 * 3 + 2 and est.rounds == 3
-    assert fit_problems(plan, 1500, False, 0.0) == []  # 3 rounds x 4.25 min
+    big = Machine(cpus=64, memory_gb=512.0)
+    assert fit_problems(plan, 1500, big, 4.0) == []  # 3 rounds x 4.25 min
     grid.schedule = "full"
-    problems = fit_problems(expand(grid), 1500, False, 0.0)
+    problems = fit_problems(expand(grid), 1500, big, 4.0)
     assert problems and "margin.budget_minutes=15" in problems[0] and "run.max_steps" in problems[0]
     grid.schedule, grid.processes = "bisect", 40
-    assert "margin.processes=" in fit_problems(expand(grid), 10, True, 80.0)[0]
+    assert "margin.processes=" in fit_problems(expand(grid), 10, Machine(gpu_gb=80.0), 0.0)[0]
+
+
+def test_a_cpu_machine_is_sized_by_cores_and_host_memory():
+    """16 arms of ~6 GB on a 2-core, 23 GB machine (issue 35: the out-of-memory killer fired ~10 times)."""
+    plan = expand(MarginConfig(numerics=["paper/none"], gains=[1, 10], processes=16, budget_minutes=0))
+    by_cores = fit_problems(plan, 100, Machine(cpus=2, memory_gb=23.0), 6.0)
+    assert by_cores == ["margin.processes=16 arms at once do not fit this CPU machine (2 core(s)): set "
+                        "margin.processes=2"]
+    by_memory = fit_problems(plan, 100, Machine(cpus=32, memory_gb=23.0), 6.0)[0]
+    assert "23.0 GB of host memory available, ~6.0 GB per arm" in by_memory and by_memory.endswith("processes=3")
+    assert "shrink the arm" in fit_problems(plan, 100, Machine(cpus=2, memory_gb=4.0), 6.0)[0]
+    assert Machine.parse("cpus=2,memory_gb=8") == Machine(cpus=2, memory_gb=8.0)
+    with pytest.raises(ConfigError, match="not one of gpu_gb, cpus, memory_gb"):
+        Machine.parse("ram=8")
 
 
 def test_margin_problems_say_what_to_change():
@@ -285,3 +301,36 @@ def test_seeds_pool_into_one_margin():
     assert (margin.largest_survived, margin.smallest_diverged) == (10, 20)
     assert pooled[20].step == 1 and pooled[50].step == 2  # seeds that diverged there
     assert mr._pooled_text(margin, pooled).endswith("(1 seed)")
+
+
+def test_a_killed_arm_stays_killed_in_the_report_and_retry_failed_starts_it(tmp_path, capsys):
+    """A killed arm's curves stop where its process died: the report names it killed (as the console did) instead of
+    judging its curves, and the too-early divergence of another arm is not counted as a missed warning."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from launcher.config import Config
+    from launcher.margin import STATE_FILE, Runner, save_state
+
+    plan = expand(MarginConfig(numerics=["paper/none"], gains=[1, 10, 20], signs=["kept"], schedule="full",
+                               min_arms=1))
+    keys = list(plan.arms)
+    for key in keys:
+        writer = SummaryWriter(str(tmp_path / key))
+        for s in range(10, 101 if key != keys[1] else 41, 10):  # keys[1] was killed at step 40, loss far up
+            writer.add_scalar(tags.TRAIN_LOSS, 5.0 + (20.0 if key == keys[1] else 0.0), s)
+            writer.add_scalar(tags.TRAIN_GRAD_NORM, 0.5, s)
+        writer.close()
+    save_state(tmp_path / STATE_FILE, {"version": 1, "arms": {
+        keys[0]: {"status": "survived", "step": 100},
+        keys[1]: {"status": "killed", "step": 40, "reason": "killed by SIGKILL (likely the out-of-memory killer)"},
+        keys[2]: {"status": "diverged", "step": 30, "reason": "non-finite loss"}}})
+    config = Config()
+    config.run.max_steps = 100
+    mr.write_report(tmp_path, plan, config)
+    text = (tmp_path / "margin_report" / "margin.md").read_text()
+    assert "| paper-none_g10_kept | 1337 | 1 | killed | 40 | killed by SIGKILL (likely the out-of-memory killer) |" in text
+    assert "judged by the report" not in text and "| S | killed | D@30 |" in text
+    assert "too early to warn (monitor.warning_after_step=200)" in text and "missed" not in text
+    runner = Runner(plan, {}, tmp_path, 100, 10, retry_failed=True)
+    assert "--retry-failed: 1 arm(s) start again: " + keys[1] in capsys.readouterr().out
+    assert next_arms(plan, runner.status_of, set()) == [keys[1]]
