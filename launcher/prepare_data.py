@@ -45,6 +45,12 @@ class PrepareError(RuntimeError):
     """A problem with the user's input to prepare_data; printed without a traceback."""
 
 
+def on_terminal() -> bool:
+    """Progress bars only where a person watches them: in a log file their carriage-return updates pile up (each
+    stage prints one line instead)."""
+    return sys.stderr.isatty()
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Sources
 
@@ -145,6 +151,8 @@ def load_source(source: list[str], text_field: str):
     import datasets
 
     datasets.disable_caching()
+    if not on_terminal():
+        datasets.disable_progress_bars()
     paths = [Path(s) for s in source]
     if all(p.exists() for p in paths):
         files: list[str] = []
@@ -221,7 +229,8 @@ class TrainedBpeTokenizer:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
+        print(f"[prepare] training a byte-level BPE of {vocab_size} tokens on {len(docs):,} documents", flush=True)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=on_terminal(),
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator(texts(docs), trainer=trainer, length=len(docs))
         tok.save(str(out_dir / "tokenizer.json"))
@@ -254,6 +263,7 @@ def write_split(docs, tokenizer, path: Path, num_proc: int) -> int:
     """Tokenize ``docs`` (see ``texts``) and write their ids, each document followed by EOT, to ``path``; returns
     the number of tokens. A Dataset is tokenized by its ``map`` (``num_proc`` processes, progress bar)."""
     eot = tokenizer.eot_id
+    print(f"[prepare] tokenizing and writing {path.name}", flush=True)
     if isinstance(docs, list):  # the embedded corpus, a few MB: one batch in this process
         ids = [x + [eot] for x in tokenizer.encode_batch(docs)]
         return _write_ids([ids], sum(len(x) for x in ids), tokenizer.vocab_size, path)
@@ -268,7 +278,7 @@ def write_split(docs, tokenizer, path: Path, num_proc: int) -> int:
     from tqdm import tqdm
 
     batches = tqdm((row["ids"] for row in tokenized.iter(batch_size=1024)), total=(len(tokenized) + 1023) // 1024,
-                   desc=f"writing {path.name}")
+                   desc=f"writing {path.name}", disable=not on_terminal())
     return _write_ids(batches, total, tokenizer.vocab_size, path)
 
 
@@ -298,7 +308,6 @@ def prepare(source: list[str], out_dir: Path, tokenizer: str = "auto", vocab_siz
         raise PrepareError(f"--val-fraction={val_fraction} must be between 0 and 1")
     if vocab_size < 512:
         raise PrepareError(f"--vocab-size={vocab_size} is too small for a byte-level BPE; use at least 512")
-    out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     if source == ["kjv"]:
         docs = embedded_documents()
@@ -312,7 +321,15 @@ def prepare(source: list[str], out_dir: Path, tokenizer: str = "auto", vocab_siz
         split = dict(zip(("train", "test"), split_documents(docs, val_fraction, seed)))
     else:
         split = docs.train_test_split(test_size=val_fraction, seed=seed)
-    tok = choose_tokenizer(tokenizer, split["train"], vocab_size, out_dir)
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # made here: removed again if refused
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a refused source leaves no empty folder behind
+    try:
+        tok = choose_tokenizer(tokenizer, split["train"], vocab_size, out_dir)
+    except PrepareError:
+        for folder in made:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
     print(f"[prepare] tokenizer: {tok.name}, vocabulary {tok.vocab_size}", flush=True)
     counts = {name: write_split(split[key], tok, out_dir / f"{name}.bin", num_proc)
               for name, key in (("train", "train"), ("val", "test"))}

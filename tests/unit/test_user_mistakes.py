@@ -141,11 +141,14 @@ def test_prepare_data_names_bad_files_and_keeps_other_prepared_folders(tmp_path)
     (texts / "empty.txt").write_text("")
     out = one_line_error(prepare_cli("--source", str(texts), cwd=tmp_path))
     assert f"{texts / 'empty.txt'} is empty" in out
+    assert not (tmp_path / "data").exists()  # a refusal leaves no empty output folder
     (texts / "empty.txt").write_bytes(bytes(range(128, 256)))
     assert "is not UTF-8 text" in one_line_error(prepare_cli("--source", str(texts), cwd=tmp_path))
     (texts / "empty.txt").unlink()
     done = prepare_cli("--source", str(texts), "--vocab-size", "600", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    # not a terminal: no progress bars (their carriage-return updates piled up in logs), one line per stage
+    assert "\r" not in done.stdout + done.stderr and "[prepare] tokenizing and writing train.bin" in done.stdout
     assert (tmp_path / "data" / "cache" / "my_texts" / "meta.json").is_file()  # named after the source
     # a folder prepared from another source is not replaced without --force
     out = one_line_error(prepare_cli("--source", "kjv", "--out", "data/cache/my_texts", cwd=tmp_path))
