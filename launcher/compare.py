@@ -38,6 +38,9 @@ from launcher.arm_status import Ending, read_ending
 from launcher.monitors import tags
 
 EVENTS_GLOB = "events.out.tfevents.*"
+# TensorBoard's custom-scalars tab colours runs from this palette (its tensorboardColorBlindAssist) in name order,
+# as the arms are ordered here: an arm has one colour in the report and in TensorBoard (baseline orange, fixed blue)
+TENSORBOARD_COLORS = ("#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb")
 LOSS_RISE_NATS = 1.0  # a completed arm whose last logged loss is this far above its first one blew up
 MARGIN_STATE_FILE = "margin_state.json"  # launcher/margin_report.py's record, beside a margin run's seed folders
 LAYOUT_SUFFIX = ".layout"
@@ -350,7 +353,7 @@ class _Panels:
         self.divergences = divergences
         self.window = window
         self.threshold = threshold
-        self.colors = {arm.name: plt.get_cmap("tab10")(i % 10) for i, arm in enumerate(arms)}
+        self.colors = {arm.name: TENSORBOARD_COLORS[i % len(TENSORBOARD_COLORS)] for i, arm in enumerate(arms)}
         self.steps = max(a.last_step() for a in arms)
 
     def _note(self, fig, what: str, extra: str = "") -> None:

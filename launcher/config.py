@@ -1045,8 +1045,9 @@ def changes_refusal(unsafe: dict[str, tuple], step: int, run_dir: Path) -> str:
         hint = (f" (optim.decay_steps=0 ends the cosine at run.max_steps; to change run.max_steps on the same "
                 f"schedule, set optim.decay_steps={unsafe['optim.decay_steps'][0]})")
     return (f"{run_dir} was trained to step {step} with other settings: {listed}{hint}. Resuming would change the "
-            "training and the folder would no longer say what trained: drop those overrides to continue the run as "
-            "it was, use another run.experiment (or checkpoint.resume=false run.overwrite=true) to start over with "
+            "training and the folder would no longer say what trained: give the settings it was trained with again "
+            "(drop those overrides, or undo the edit of the recipe file) to continue the run as it was, use another "
+            "run.experiment (or checkpoint.resume=false run.overwrite=true) to start over with "
             "them, or set run.allow_changes=true to continue with them (recorded in changes.yaml)")
 
 

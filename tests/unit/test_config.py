@@ -231,3 +231,20 @@ def test_stochastic_output_on_a_gpu_needs_bf16(monkeypatch, tmp_path):
     assert any("stochastic_output on a GPU" in p and "precision.dtype=bf16" in p for p in environment_problems(config))
     config.precision.dtype = "bf16"
     assert not any("stochastic_output" in p for p in environment_problems(config))
+
+
+def test_parameter_estimate_takes_the_prepared_vocabulary(kjv_data):
+    """The CPU warning and the margin tool's memory estimate count the data's vocabulary (meta.json), not GPT-2's
+    50,304, when model.vocab_size=0; within 3% of the model built with it."""
+    import json
+
+    from launcher.config import parameter_estimate, resolve_vocab_size
+    from model import GPT
+
+    config = load_config("smoke", [f"data.data_dir={kjv_data}", "model.n_layer=6", "model.d_model=384",
+                                   "model.n_head=6", "model.max_seq_len=256", "data.seq_len=256"])
+    params, vocab = parameter_estimate(config)
+    assert vocab == json.loads((kjv_data / "meta.json").read_text())["vocab_size"] != 50304
+    built = GPT(resolve_vocab_size(config, vocab).model).num_parameters()
+    assert abs(params / built - 1) < 0.03, (params, built)
+    assert parameter_estimate(load_config("smoke", ["data.data_dir=/nonexistent"]))[1] == 50304
