@@ -1,6 +1,6 @@
 """Stability margin of attention numerics: ``python -m launcher.margin RECIPE [section.field=value ...]``.
 
-Trains a grid of arms (numerics x delta-error gain x sign x seed, issue 19) through the normal launcher, several at
+Trains a grid of arms (numerics x delta-error gain x sign x seed) through the normal launcher, several at
 once on one device, judges each arm stable or diverged, and writes the margin report (launcher/margin_report.py).
 The recipe is a normal training recipe (recipes/margin.yaml) plus a ``margin`` section (:class:`MarginConfig`); it
 has no ``arms``: the grid makes them. What the table means and the rules: docs/margin.md.
@@ -265,7 +265,7 @@ def delta_fields_problem(plan: Plan) -> Optional[str]:
     needing = [a.name for a in plan.arms.values() if set(a.attention) & set(DELTA_FIELDS)]
     used = {f for a in plan.arms.values() for f in a.attention if f in DELTA_FIELDS}
     if needing and not used <= have:
-        return (f"margin.gains/signs need attention.delta_gain and attention.delta_sign (issue 19), which this "
+        return (f"margin.gains/signs need attention.delta_gain and attention.delta_sign, which this "
                 f"checkout's AttentionConfig does not have (arms {', '.join(needing[:3])}...); use margin.gains=[1] "
                 "margin.signs=[kept], or a checkout with the delta-gain fields")
     return None
@@ -705,8 +705,8 @@ class Runner:
                 why = (proc.bad_step or proc.last_line).split("; the update")[0]
                 self._record(key, status="diverged", step=last, reason=f"trainer guard: {why}")
                 print(f"[margin] {key} DIVERGED (trainer guard): {why}", flush=True)
-            elif rc == 130:  # saved and stopped on a signal: the next invocation resumes it
-                self._record(key, status="interrupted", step=last)
+            elif rc == 130 or (rc < 0 and self.stop_requested):  # stopped on our signal (before its handler was
+                self._record(key, status="interrupted", step=last)  # set, if it died of it): the next command resumes
             elif rc < 0 and not self.stop_requested:  # a signal nobody here sent: kill -9, the out-of-memory killer
                 self._killed(key, proc, -rc, last)
             else:

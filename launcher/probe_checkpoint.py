@@ -1,4 +1,4 @@
-"""Trained-layer probe: does real trained attention meet the tie mechanism? (issue 10, item 6)
+"""Trained-layer probe: does real trained attention meet the tie mechanism?
 
     python -m launcher.probe_checkpoint RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
                                         [--device cpu|cuda] [--out FILE.md]

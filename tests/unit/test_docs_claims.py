@@ -37,3 +37,20 @@ def test_safe_changes_name_real_fields():
     for name in SAFE_CHANGES:
         prefix = name[:-1] if name.endswith(".*") else None
         assert (any(f.startswith(prefix) for f in fields) if prefix else name in fields), name
+
+
+def test_margin_defaults_table_says_what_the_code_and_the_recipe_set():
+    """docs/margin.md's table gives each margin field's default (MarginConfig) and the recipe's value, apart."""
+    import yaml
+
+    from launcher.margin import MarginConfig
+
+    recipe = yaml.safe_load(read("recipes/margin.yaml"))["margin"]
+    rows = [line.split("|")[1:4] for line in read("docs/margin.md").splitlines() if line.startswith("| `margin.")]
+    fields = [f.name for f in dataclasses.fields(MarginConfig)]
+    assert sorted(cell[0].strip(" `")[len("margin."):] for cell in rows) == sorted(fields)
+    for name, default, in_recipe in rows:
+        field = name.strip(" `")[len("margin."):]
+        assert yaml.safe_load(default.strip(" `")) == getattr(MarginConfig(), field), field
+        value = in_recipe.strip(" `")
+        assert (field not in recipe) if value == "-" else yaml.safe_load(value) == recipe[field], field
