@@ -5,6 +5,7 @@ walked."""
 
 import ast
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ TOP = ("benchmarks", "data", "docs", "kernels", "launcher", "model", "recipes", 
 GENERATED = ("data/cache/",)  # made by the commands (prepare_data), not shipped
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(TOP))
 RELATIVE = re.compile(r"(?<![\w./-])(device-runs/[\w./*-]*[\w*/])")
+DEVICE_RUN = re.compile(r"device-runs/[\w.=-]+")
+BARE_FILE = re.compile(r"`([\w./=-]+\.(?:log|json|sh|py|md|png|txt|xml)|[\w.=-]+/)`")  # a file, or a folder/
 LINK = re.compile(r"\]\(([^)\s#]+)\)")  # markdown links and images
 MODULE = re.compile(r"python3? -m ((?:%s)(?:\.\w+)+)" % "|".join(TOP))
 REPORT_WRITERS = ("launcher/compare.py", "launcher/margin_report.py", "launcher/margin.py")
@@ -33,8 +36,12 @@ def texts() -> list[tuple[str, str]]:
 
 def missing_paths(name: str, text: str) -> list[str]:
     missing = []
+    # a session's README also names its files that were removed from the tree (it says so, and where they are)
+    own = str(Path(name).parent) + "/" if "device-runs/" in name else None
     for path in PATH.findall(text):
         path = path.rstrip(".")
+        if own and path.startswith(own):
+            continue
         last = path.rstrip("/").rsplit("/", 1)[-1]
         if path.startswith(GENERATED) or last.split(".")[0].isupper() or not (path.endswith("/") or "." in last or "*" in last):
             continue  # made by a command; a placeholder (recipes/RECIPE.yaml); prose ("data/tensor parallelism")
@@ -49,6 +56,8 @@ def missing_paths(name: str, text: str) -> list[str]:
             path = path.rstrip(".")
             if not (list(folder.glob(path)) if "*" in path else (folder / path).exists()):
                 missing.append(path)
+    if not own:
+        missing += missing_device_files(text)
     for target in LINK.findall(text):
         if "://" not in target and re.fullmatch(r"[\w./-]+\.\w+", target) and not (folder / target).exists():
             missing.append(target)
@@ -56,6 +65,21 @@ def missing_paths(name: str, text: str) -> list[str]:
         parts = module.split(".")
         if not ((REPO / "/".join(parts)).with_suffix(".py").is_file() or (REPO / "/".join(parts)).is_dir()):
             missing.append(f"python -m {module}")
+    return missing
+
+
+def missing_device_files(text: str) -> list[str]:
+    """A paragraph that names a device run (docs/device-runs/<session>/...) may name its files by their names alone
+    (`call1/launch_times.log`, `run23.sh`): each must be in that session's folder."""
+    repo_names = {p.name for p in REPO.glob("[!.]*/**/*") if "device-runs" not in p.parts}
+    missing = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        sessions = {REPO / "docs" / "device-runs" / m.split("/")[1] for m in DEVICE_RUN.findall(paragraph)}
+        for file in BARE_FILE.findall(paragraph) if sessions else []:
+            if file.startswith(TOP) or file.startswith("device-runs/") or file in repo_names:
+                continue  # a repository path (checked above) or a repository file named alone (test_x.py)
+            if not any(list(session.glob(f"**/{file.rstrip('/')}")) for session in sessions):
+                missing.append(file)
     return missing
 
 
@@ -74,3 +98,9 @@ def test_docs_cite_no_file_outside_the_project():
     """The files beside the project (../shared/...) are not part of it: docs cite the paper or the project's runs."""
     for name, text in texts():
         assert "shared/docs" not in text and "paper-notes" not in text, name
+
+
+def test_every_device_session_has_its_readme():
+    """docs/device-runs/ keeps the files the docs cite and, per session, the README that says what each call did."""
+    sessions = [p for p in (REPO / "docs" / "device-runs").iterdir() if p.is_dir()]
+    assert sessions and all((p / "README.md").is_file() for p in sessions), sessions
