@@ -61,6 +61,7 @@ class Arm:
     path: Path
     scalars: dict[str, Series] = field(default_factory=dict)
     ending: Ending = field(default_factory=lambda: Ending("unknown", 0))
+    attention: dict = field(default_factory=dict)  # the arm's attention section (its config.yaml), if recorded
 
     def get(self, tag: str) -> Optional[Series]:
         return self.scalars.get(tag)
@@ -153,6 +154,7 @@ def find_arms(experiment_dir: Path) -> list[Arm]:
                            "(runs/<experiment>) and has training logged anything yet?")
     for arm in arms:
         arm.scalars = load_scalars(arm.path)
+        arm.attention = _recorded_attention(arm.path)
         bad = arm.get(tags.GUARD_BAD_STEPS)
         arm.ending = read_ending(arm.path, arm.last_step(), int(bad[0][0]) if bad is not None and len(bad[0]) else None)
         loss = arm.get(tags.TRAIN_LOSS)
@@ -166,6 +168,15 @@ def find_arms(experiment_dir: Path) -> list[Arm]:
         raise CompareError(f"the event files under {experiment_dir} hold no scalars yet; train longer than one "
                            "log interval and run the comparison again")
     return arms
+
+
+def _recorded_attention(arm_dir: Path) -> dict:
+    import yaml
+
+    try:
+        return dict((yaml.safe_load((arm_dir / "config.yaml").read_text()) or {}).get("attention") or {})
+    except (OSError, yaml.YAMLError, TypeError, ValueError):
+        return {}
 
 
 def _margin_verdicts(experiment_dir: Path, arms: list[Arm]) -> None:
@@ -367,7 +378,7 @@ class _Panels:
         import textwrap
 
         diverged = any(d.step is not None for d in self.divergences)
-        reading = endings_reading(self.arms)
+        reading = stress_reading(self.arms, self.divergences) or endings_reading(self.arms)
         note = f"{self.steps} steps: {reading}" if reading else panel_note(self.steps, "loss", diverged)
         text = "\n".join(textwrap.wrap(note, width=int(fig.get_figwidth() * 15)))
         self._place_note(fig, text)
@@ -705,7 +716,7 @@ def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, gr
         where, factor = arm_that_grew_most(arms, grew)
         lines.append(f"layer whose W_Q spectral norm grew most: {tags.layer_key(grew)} (x{factor:.3g}, in arm {where})")
     lines.append(what_it_can_show(max(a.last_step() for a in arms), any(d.step is not None for d in divergences),
-                                  arms))
+                                  arms, divergences))
     return "\n".join(lines)
 
 
@@ -740,10 +751,47 @@ def endings_reading(arms: list[Arm]) -> Optional[str]:
     return None
 
 
-def what_it_can_show(steps: int, diverged: bool = False, arms: Optional[list[Arm]] = None) -> str:
+def stress_reading(arms: list[Arm], divergences: list[Divergence]) -> Optional[str]:
+    """What a pair of arms with the same amplified delta error (attention.delta_gain > 1), one with its own sign and
+    one with random signs, shows: the margin test in miniature (docs/margin.md). None without such a pair."""
+    parted_at = {d.arm: d.step for d in divergences if d.step is not None}
+
+    def parted(arm: Arm) -> Optional[int]:  # where the arm left the others: blew up, or diverged from the reference
+        return arm.ending.step if arm.ending.blew_up else parted_at.get(arm.name)
+
+    def numerics(arm: Arm) -> tuple:
+        return arm.attention.get("rounding"), arm.attention.get("fix"), float(arm.attention.get("delta_gain", 1.0))
+
+    for kept in arms:
+        if kept.attention.get("delta_sign") != "kept" or numerics(kept)[2] <= 1.0:
+            continue
+        twin = next((a for a in arms if a.attention.get("delta_sign") == "random" and numerics(a) == numerics(kept)),
+                    None)
+        if twin is None:
+            continue
+        gain, k, r = numerics(kept)[2], parted(kept), parted(twin)
+        what = f"the delta error amplified {gain:g}x"
+        if k is not None and r is None:
+            return (f"{what} with its own sign ({kept.name}) broke training at step {k}, while the same error with "
+                    f"random signs ({twin.name}) trained on: the persistent sign, not the error's size, is what breaks "
+                    "training (the margin test in miniature, docs/margin.md)")
+        if k is not None:
+            return (f"{what} broke training with its own sign ({kept.name}, step {k}) and with random signs "
+                    f"({twin.name}, step {r}): at this gain the error's size alone breaks training, so this run does "
+                    "not show the sign's effect; lower attention.delta_gain")
+        if r is not None:
+            return (f"{what} broke training with random signs ({twin.name}, step {r}) but not with its own sign "
+                    f"({kept.name}): not the paper's mechanism; look at this run's monitors")
+        return (f"{what} broke training with neither sign ({kept.name}, {twin.name}) within "
+                f"{max(a.last_step() for a in arms)} steps: train longer or raise attention.delta_gain")
+    return None
+
+
+def what_it_can_show(steps: int, diverged: bool = False, arms: Optional[list[Arm]] = None,
+                     divergences: Optional[list[Divergence]] = None) -> str:
     """One line on what a comparison of this length can and cannot show (``diverged``: a divergence was found;
-    ``arms``: their endings come first when one did not complete)."""
-    reading = endings_reading(arms) if arms else None
+    ``arms``: a delta-stress pair, then the arms' endings, come first)."""
+    reading = (stress_reading(arms, divergences or []) or endings_reading(arms)) if arms else None
     if reading:
         return f"what this shows: {reading}"
     if steps < FAILURE_STEP_IN_PAPER // 5 and diverged:

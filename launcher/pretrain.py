@@ -69,7 +69,7 @@ def write_report_when_ended(tree: dict, config) -> None:
         folder = experiment_dir / arm
         if not (folder / "config.yaml").is_file():
             waiting.append(f"{arm} has not started")
-        elif not (ending := read_ending(folder, 0)).ended:
+        elif not read_ending(folder, 0).ended:
             waiting.append(f"{arm} is still training")
     if waiting:
         print(f"[report] not written yet: {'; '.join(waiting)}; once every arm has ended, "
