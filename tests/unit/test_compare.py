@@ -124,11 +124,15 @@ def test_clear_errors_without_traceback(tmp_path, capsys):
         compare.write_report(tmp_path / "empty", divergence_threshold=0.0)
 
 
-def _ended_arm(run_dir: Path, status: str, step: int, max_steps: int = 600, reason: str = "") -> None:
-    """A synthetic arm with the ending the trainer records (launcher/arm_status.py)."""
+def _ended_arm(run_dir: Path, status: str, step: int, max_steps: int = 600, reason: str = "",
+               logged: int = 600) -> None:
+    """A synthetic arm with the ending the trainer records (launcher/arm_status.py), its loss logged to ``logged``."""
     from launcher.arm_status import write_status
 
-    write_synthetic_arm(run_dir, diverges=False, seed=3)
+    writer = SummaryWriter(str(run_dir))  # the loss only: the other panels are tested above
+    for s in range(10, logged + 1, 10):
+        writer.add_scalar(tags.TRAIN_LOSS, 6.0 * math.exp(-s / 150) + 3.0, s)
+    writer.close()
     write_status(run_dir, status, step, max_steps, reason)
 
 
@@ -140,13 +144,14 @@ def test_every_ending_is_named_in_the_summary(tmp_path):
     from launcher.run_folder import RunLock
 
     exp = tmp_path / "endings"
-    _ended_arm(exp / "baseline", "stopped", 310, reason="gradient norm is inf")
+    _ended_arm(exp / "baseline", "stopped", 310, reason="gradient norm is inf", logged=300)
     (exp / "baseline" / "bad_step_00000310.yaml").write_text(yaml.safe_dump(
         {"step": 310, "problem": "gradient norm is inf", "loss": 812.5, "grad_norm": float("inf")}))
     _ended_arm(exp / "fixed", "completed", 600)
     _ended_arm(exp / "killed", "running", 0)
     _ended_arm(exp / "crashed", "crashed", 0, reason="RuntimeError: out of memory")
-    _ended_arm(exp / "paused", "interrupted", 400, reason="stopped by a signal at step 400; the same command resumes")
+    _ended_arm(exp / "paused", "interrupted", 400, reason="stopped by a signal at step 400; the same command resumes",
+               logged=400)
     compare.write_report(exp, quiet=True)
     summary = (exp / "report" / "summary.txt").read_text()
     first = summary.splitlines()[0]
