@@ -666,8 +666,8 @@ def _fmt(x: float) -> str:
 def summarize(arms: list[Arm], divergences: list[Divergence], criteria: dict, grew: Optional[int]) -> str:
     """The short text summary printed by the command and shown at the top of the HTML report."""
     window = criteria["smoothing"]
-    lines = [outcome(arms),
-             f"arms: {', '.join(a.name for a in arms)} (reference: {divergences[0].reference if divergences else arms[0].name})"]
+    reference = divergences[0].reference if divergences else arms[0].name
+    lines = [outcome(arms), f"arms: {', '.join(a.name for a in arms)} (reference: {reference})"]
     for arm in arms:
         parts = [arm.ending.describe() if arm.ending.status != "unknown" else f"{arm.last_step()} steps"]
         train = arm.get(tags.TRAIN_LOSS)
@@ -872,9 +872,9 @@ def _outcome_box(summary: str) -> str:
     lines = [line for line in summary.splitlines() if line.startswith(("outcome: ", "what this shows: "))]
     alarm = any(line.startswith("outcome: BLEW UP") for line in lines)
     style = "background:#fde2e1;border:2px solid #c0392b" if alarm else "background:#eef6ee;border:1px solid #9c9"
+    paragraphs = [f"<b>{html.escape(line)}</b>" if i == 0 else html.escape(line) for i, line in enumerate(lines)]
     return (f"<div style='{style};padding:0.6em 1em;margin:1em 0'>"
-            + "".join(f"<p style='margin:0.3em 0'>{'<b>' if i == 0 else ''}{html.escape(line)}{'</b>' if i == 0 else ''}"
-                      "</p>" for i, line in enumerate(lines)) + "</div>")
+            + "".join(f"<p style='margin:0.3em 0'>{p}</p>" for p in paragraphs) + "</div>")
 
 
 def _html(title: str, summary: str, figures: list[tuple[str, str]], out_dir: Path) -> str:

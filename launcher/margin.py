@@ -488,8 +488,8 @@ def fit_problems(plan: Plan, steps: int, machine: Machine, host_arm_gb: float = 
     if machine.gpu_gb and m.processes * m.arm_memory_gb > 0.92 * machine.gpu_gb:
         fit = max(1, int(0.92 * machine.gpu_gb // max(m.arm_memory_gb, 1e-9)))
         problems.append(f"margin.processes={m.processes} x margin.arm_memory_gb={m.arm_memory_gb:g} GB does not fit in "
-                        f"the GPU's {machine.gpu_gb:.0f} GB: set margin.processes={fit} (or measure the arm's memory and set "
-                        "margin.arm_memory_gb)")
+                        f"the GPU's {machine.gpu_gb:.0f} GB: set margin.processes={fit} (or measure the arm's memory "
+                        "and set margin.arm_memory_gb)")
     elif not machine.gpu_gb:
         source = ("margin.arm_host_memory_gb" if m.arm_host_memory_gb else
                   "estimated from the model and batch shape; set margin.arm_host_memory_gb if you measured it")

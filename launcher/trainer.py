@@ -487,8 +487,8 @@ def train_arm(config: Config, dims: ParallelDims, checkpoint_writer=HashingWrite
         result = trainer.fit()
     except KeyboardInterrupt:  # a second Ctrl-C
         if record:
-            write_status(trainer.run_dir, "interrupted", trainer.start_step, max_steps,
-                         "aborted by a second Ctrl-C without saving; the same command resumes from the newest checkpoint")
+            write_status(trainer.run_dir, "interrupted", trainer.start_step, max_steps, "aborted by a second Ctrl-C "
+                         "without saving; the same command resumes from the newest checkpoint")
         raise
     except Exception as err:
         if record:

@@ -41,10 +41,10 @@ class AttentionConfig:
     paper (the authors' rounding points: BF16 scores, per-tile BF16 P_bar V, BF16 running O and row sums)."""
     fix: str = "none"
     """Bias fix: none; dynamic_max (bounded, per-row shift of the softmax maximum when it repeats: the paper's rule
-    made safe against underflow); dynamic_max_published (the paper's rule as the authors run it: where it underflows, their row-sum
-    clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O: the recipes' fixed arms, the widest
-    measured stability margin, docs/results.md); stochastic_output (O rounded to BF16
-    stochastically from the FP32 O, unbiased, keyed per row, head, position and channel; needs BF16 attention
+    made safe against underflow); dynamic_max_published (the paper's rule as the authors run it: where it
+    underflows, their row-sum clamp silently zeroes the row); fp32_output (delta from an FP32 copy of O: the
+    recipes' fixed arms, the widest measured stability margin, docs/results.md); stochastic_output (O rounded to
+    BF16 stochastically from the FP32 O, unbiased, keyed per row, head, position and channel; needs BF16 attention
     inputs: precision.dtype=bf16, or the reference backend, which rounds FP32 inputs to BF16); exact_delta (the
     forward of none; the backward's delta is rowsum(P * dP) in FP32 with its own P, one more pass over the key
     tiles, instead of rowsum(dO * O))."""

@@ -3,7 +3,7 @@
 
 Needs root (slurmd starts job processes as the submitting user) and Debian's slurm-wlm and munge packages
 (.ci/run installs them). Without them, or if the daemons do not come up, the tests are skipped with the reason.
-The configuration follows ../shared/docs/platform.md: proctrack/linuxproc (proctrack/cgroup fails silently
+The configuration suits a single machine without cgroups: proctrack/linuxproc (proctrack/cgroup fails silently
 here), task/none, no accounting."""
 
 from __future__ import annotations
