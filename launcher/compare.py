@@ -312,9 +312,23 @@ EARLY_DIVERGENCE = ("the arms diverged (dashed line) long before the step at whi
                     "delta bias) to tell that mechanism from another cause")
 
 
-def panel_note(steps: int, what: str, diverged: bool = False) -> str:
+STRESSED_NOTES = {  # the panels of a run whose delta error is amplified (attention.delta_gain > 1)
+    "grad_norm": "a gradient norm that climbs in the amplified kept-sign arm only comes with its W_Q growth",
+    "spectral": "with the delta error amplified, the mechanism runs at this length: a row that brightens in the "
+                "kept-sign arm only (wq, wk of an early layer) is the paper's W_Q growth, sped up",
+    "wq_heads": "with the delta error amplified, heads pulling away in the kept-sign arm only, ahead of its loss, are "
+                "the paper's signature, sped up",
+    "delta_bias": "the amplified arms' delta error is the monitor's too: a drift that keeps one sign is the "
+                  "accumulating error the kept sign feeds",
+}
+
+
+def panel_note(steps: int, what: str, diverged: bool = False, stressed: bool = False) -> str:
     """The line under a panel: what a run of ``steps`` steps can and cannot show in it (``what``: the panel kind;
-    ``diverged``: the criterion found a divergence)."""
+    ``diverged``: the criterion found a divergence; ``stressed``: an arm's delta error is amplified, so the
+    mechanism runs within this length)."""
+    if stressed and what in STRESSED_NOTES:
+        return f"{steps} steps: {STRESSED_NOTES[what]}"
     early = steps < FAILURE_STEP_IN_PAPER // 5
     if what == "loss" and diverged and early:
         return f"{steps} steps: {EARLY_DIVERGENCE}"
@@ -371,7 +385,9 @@ class _Panels:
         """The panel's own reading of the run length, under everything else (a PNG is often looked at alone)."""
         import textwrap
 
-        text = "\n".join(textwrap.wrap(panel_note(self.steps, what) + extra, width=int(fig.get_figwidth() * 15)))
+        stressed = any(float(a.attention.get("delta_gain", 1.0)) > 1.0 for a in self.arms)
+        text = "\n".join(textwrap.wrap(panel_note(self.steps, what, stressed=stressed) + extra,
+                                       width=int(fig.get_figwidth() * 15)))
         self._place_note(fig, text)
 
     def _loss_note(self, fig) -> None:
@@ -772,9 +788,13 @@ def stress_reading(arms: list[Arm], divergences: list[Divergence]) -> Optional[s
         gain, k, r = numerics(kept)[2], parted(kept), parted(twin)
         what = f"the delta error amplified {gain:g}x"
         if k is not None and r is None:
-            return (f"{what} with its own sign ({kept.name}) broke training at step {k}, while the same error with "
-                    f"random signs ({twin.name}) trained on: the persistent sign, not the error's size, is what breaks "
-                    "training (the margin test in miniature, docs/margin.md)")
+            how = "blew up" if kept.ending.blew_up else "diverged from the reference arm"
+            losses = [(a.get(tags.TRAIN_LOSS) or ((), ()))[1] for a in (kept, twin)]
+            final = (f" (last train loss {_fmt(losses[0][-1])} against {_fmt(losses[1][-1])})"
+                     if all(len(x) for x in losses) else "")
+            return (f"{what} with its own sign ({kept.name}) {how} at step {k}, while the same error with random "
+                    f"signs ({twin.name}) trained on{final}: the persistent sign, not the error's size, is what "
+                    "breaks training (the margin test in miniature, docs/margin.md)")
         if k is not None:
             return (f"{what} broke training with its own sign ({kept.name}, step {k}) and with random signs "
                     f"({twin.name}, step {r}): at this gain the error's size alone breaks training, so this run does "
