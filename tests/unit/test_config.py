@@ -6,7 +6,7 @@ import torch
 from launcher.config import ConfigError, arm_names, build_config, describe, load_config, load_recipe, parse_overrides
 
 
-@pytest.mark.parametrize("recipe", ["smoke", "gpt2_small_paper", "gpt_1p3b_fp8"])
+@pytest.mark.parametrize("recipe", ["smoke", "demo", "gpt2_small_paper", "gpt_1p3b_fp8"])
 def test_shipped_recipes_are_valid(recipe):
     for arm in arm_names(load_recipe(recipe)):
         config = load_config(recipe, arm=arm)
