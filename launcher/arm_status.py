@@ -6,6 +6,7 @@ returns or raises:
 - ``completed``: reached run.max_steps;
 - ``stopped``: the guard stopped it (a non-finite loss or gradient norm, or a spike; guard.action=stop), at that step;
   the bad step's record is ``bad_step_<step>.yaml`` beside it (problem, loss, gradient norm);
+- ``stopped_by_warning``: the early warning stopped it (monitor.on_warning=stop), before any bad step;
 - ``interrupted``: a signal or run.max_minutes; a checkpoint was saved and the same command resumes;
 - ``crashed``: an exception ended the training (its type and first line are the reason).
 
@@ -63,6 +64,8 @@ class Ending:
             return f"completed {self.step} steps but blew up without a non-finite value{why}"
         if self.status == "diverged":
             return f"diverged at step {self.step} by the margin rule{why}"
+        if self.status == "stopped_by_warning":
+            return f"stopped by the early warning at step {self.step} (monitor.on_warning=stop){why}"
         if self.status == "interrupted":
             return f"interrupted: {self.reason}" if self.reason else f"interrupted at step {self.step}"
         if self.status == "crashed":

@@ -761,9 +761,10 @@ def endings_reading(arms: list[Arm]) -> Optional[str]:
             text += (f"; {', '.join(a.name for a in unfinished)} did not finish, so the comparison is incomplete")
         return text
     if unfinished:
+        resume = any(a.ending.status in ("interrupted", "killed", "crashed") for a in unfinished)
         return (f"{', '.join(f'{a.name} {a.ending.describe()}' for a in unfinished)}: the comparison covers only the "
-                "steps every arm logged; finish the arms (the same command resumes an interrupted one) and write "
-                "the report again")
+                "steps every arm logged" + ("; finish the arms (the same command resumes from the newest "
+                                            "checkpoint) and write the report again" if resume else ""))
     return None
 
 
