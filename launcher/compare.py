@@ -889,10 +889,12 @@ ties.</li>
 
 
 def _outcome_box(summary: str) -> str:
-    """The summary's outcome and reading, on top of the page: red when an arm blew up."""
+    """The summary's outcome and reading, on top of the page: red when an arm blew up, amber when arms diverged."""
     lines = [line for line in summary.splitlines() if line.startswith(("outcome: ", "what this shows: "))]
     alarm = any(line.startswith("outcome: BLEW UP") for line in lines)
-    style = "background:#fde2e1;border:2px solid #c0392b" if alarm else "background:#eef6ee;border:1px solid #9c9"
+    parted = re.search(r"^  \S+ vs \S+: diverge at step", summary, re.M) is not None
+    style = ("background:#fde2e1;border:2px solid #c0392b" if alarm else
+             "background:#fff3cd;border:2px solid #d39e00" if parted else "background:#eef6ee;border:1px solid #9c9")
     paragraphs = [f"<b>{html.escape(line)}</b>" if i == 0 else html.escape(line) for i, line in enumerate(lines)]
     return (f"<div style='{style};padding:0.6em 1em;margin:1em 0'>"
             + "".join(f"<p style='margin:0.3em 0'>{p}</p>" for p in paragraphs) + "</div>")
