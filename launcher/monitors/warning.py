@@ -40,20 +40,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from launcher.config import WARNING_SIGNALS
 from launcher.monitors import tags
 
 # signal -> (what it measures, for messages); the threshold field is monitor.warning_<signal>
-SIGNALS = {
-    "tie_rate": "tie rate (mean over heads)",
-    "wq_growth": "largest W_Q head norm / its value warning_window steps earlier",
-    "wq_relative": "W_Q norm growth over warning_window steps / the median growth of the other layers",
-    "dwq_cos": "cosine of successive W_Q-gradient errors (delta bias)",
-    "delta_persistence": "|sum| / sum|.| of the last warning_baseline delta-bias sums",
-    "qk_update_drop": "drop of the first-order Q-K update's spectral entropy below its recent mean",
-    "qk_update2_drop": "drop of the second-order Q-K update's spectral entropy below its recent mean",
-    "qk_srank_drop": "drop of the first-order Q-K update's stable rank below its recent mean",
-    "qk_act_drop": "drop of the pre-softmax score spectral entropy below its recent mean",
-}
+SIGNALS = WARNING_SIGNALS  # their names and meanings live beside the thresholds (launcher/config.py)
 # drop signals: the logged per-head statistic each one follows
 DROP_SOURCES = {
     "qk_update_drop": (tags.qk_update, "entropy", "first-order Q-K update spectral entropy"),
