@@ -27,6 +27,7 @@ import yaml
 
 from kernels.modes import (DELTA_REFERENCES, DELTA_SIGNS, FIXES, HEAD_DIMS as KERNEL_HEAD_DIMS, ROUNDINGS,
                           paper_block_keys_problem)
+from launcher.warning_signals import WARNING_SIGNALS
 from model.attention import BACKENDS, AttentionConfig
 from model.gpt import GPTConfig
 
@@ -154,21 +155,6 @@ class EvalConfig:
     """Evaluate every this many optimizer steps (and at the last step); 0 disables evaluation."""
     batches: int = 20
     """Micro-batches of the validation split per evaluation (always the same ones)."""
-
-
-# The early warning's signals (launcher/monitors/warning.py computes them), each with a threshold
-# monitor.warning_<signal> (0: off)
-WARNING_SIGNALS = {
-    "tie_rate": "tie rate (mean over heads)",
-    "wq_growth": "largest W_Q head norm / its value warning_window steps earlier",
-    "wq_relative": "W_Q norm growth over warning_window steps / the median growth of the other layers",
-    "dwq_cos": "cosine of successive W_Q-gradient errors (delta bias)",
-    "delta_persistence": "|sum| / sum|.| of the last warning_baseline delta-bias sums",
-    "qk_update_drop": "drop of the first-order Q-K update's spectral entropy below its recent mean",
-    "qk_update2_drop": "drop of the second-order Q-K update's spectral entropy below its recent mean",
-    "qk_srank_drop": "drop of the first-order Q-K update's stable rank below its recent mean",
-    "qk_act_drop": "drop of the pre-softmax score spectral entropy below its recent mean",
-}
 
 
 @dataclass

@@ -40,11 +40,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from launcher.config import WARNING_SIGNALS
+from launcher.warning_signals import WARNING_SIGNALS
 from launcher.monitors import tags
 
 # signal -> (what it measures, for messages); the threshold field is monitor.warning_<signal>
-SIGNALS = WARNING_SIGNALS  # their names and meanings live beside the thresholds (launcher/config.py)
+SIGNALS = WARNING_SIGNALS  # names and meanings (launcher/warning_signals.py)
 # drop signals: the logged per-head statistic each one follows
 DROP_SOURCES = {
     "qk_update_drop": (tags.qk_update, "entropy", "first-order Q-K update spectral entropy"),
