@@ -1,27 +1,31 @@
 """Everything a layout does to the plain model, in one place and in one fixed order.
 
-``parallelize(model, config, dims)`` takes the plain single-device GPT (built from the run's seed, on the CPU, its
-resumed weights already loaded) and returns this rank's part of it, ready for an engine to wrap
+``parallelize(model, config, dims)`` takes the plain single-device GPT built on the meta device (shapes, no storage)
+and returns this rank's part of it, with storage and initial weights, ready for an engine to wrap
 (launcher/parallel/build.py)::
 
     1. tensor parallelism          split attention heads, FFN and vocabulary over the tensor-parallel group
                                    (then sequence parallelism, parallel.sequence_parallel, and the overlapped
                                    input-gradient reduction, parallel.tp_async_grad_reduce)
     2. attention binding           the configured attention, told the global index of this rank's first head
-    3. device placement            the whole model, or under pipeline parallelism this rank's stage, on its device
+    3. materialisation             the whole model, or under pipeline parallelism this rank's stage, gets storage on
+                                   its device and its initial weights (launcher/parallel/materialize.py); under
+                                   ZeRO-3 one block at a time, each partitioned over data parallel (after its FP8
+                                   fusion) before the next is materialised
     4. FP8                         each block's ln2 + MLP become Transformer Engine's fused FP8 FFN
     5. activation checkpointing    each block is wrapped for recomputation in the backward
     6. ZeRO-3 switches             the attention calls its q, k, v projections as modules
 
-Why this order: the tensor split works on the plain modules and must come first; the attention needs the split's
-head offset; FP8 modules are created directly on the device, so placement comes before them; checkpointing wraps
+Why this order: the tensor split works on the plain modules and must come first (on the meta device it cuts
+shapes only, so no rank holds a parameter it does not keep); the attention needs the split's head offset; FP8
+modules are created directly on the device from real weights, so materialisation comes before them; checkpointing wraps
 the finished block (wrapping first would leave the FP8 swap on the wrapper, while the wrapped block kept running
 its old modules: issue 20); the ZeRO-3 switch needs the final attention modules. Engines only wrap (DDP, ZeRO, the
 pipeline) and never change the model. torchtitan's ``parallelize_llama`` has the same shape.
 
-Under pipeline parallelism, steps 1-2 apply to the whole model (a stage is cut from the split model's own modules),
-step 3 cuts this rank's stage and places only it (launcher/parallel/pipeline.py), and steps 4-6 apply to the
-stage's blocks only.
+Under pipeline parallelism, steps 1-2 apply to the whole (meta) model (a stage is cut from the split model's own
+modules), step 3 cuts this rank's stage and materialises only it (launcher/parallel/pipeline.py; the other stages'
+layers stay on the meta device), and steps 4-6 apply to the stage's blocks only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from torch import nn
 from launcher.config import Config
 from launcher.fp8 import apply_fp8_ffn
 from launcher.parallel.dims import ParallelDims
+from launcher.parallel.engine import partition_zero3
+from launcher.parallel.materialize import materialize, meta_parameters
 from launcher.parallel.names import named_parameters
 from launcher.parallel.pipeline import PipelineStage, build_stage
 from launcher.parallel.sequence import apply_async_grad_reduce, apply_sequence_parallel
@@ -92,10 +98,27 @@ def _attention(config: Config, dims: ParallelDims):
 
 
 def place(model: GPT, config: Config, dims: ParallelDims) -> Part:
-    """This rank's part on its device: the model, or under pipeline parallelism its stage (the rest stays put)."""
+    """This rank's part, materialised on its device: the model, or under pipeline parallelism its stage (the other
+    stages' layers stay on the meta device)."""
     if dims.pp > 1:
         return build_stage(model, config, dims)
-    return model.to(dims.device)
+    names = named_parameters(model)
+    if config.parallel.zero_stage == 3 and dims.distributed:
+        # ZeRO-3 partitions each unit right after it is materialised (and its FFN fused to FP8, which needs the whole
+        # weights): no rank ever holds more than one block's slice whole
+        embeddings = nn.ModuleList([model.tok_emb, model.pos_emb, model.ln_f])
+        for unit in [embeddings, *model.blocks]:
+            mine = {id(p) for p in unit.parameters()}
+            materialize([(n, p) for n, p in names if id(p) in mine], config.model, model.seed, dims)
+            if config.precision.fp8_ffn and unit is not embeddings:
+                apply_fp8_ffn([unit], config.precision, dims)
+            partition_zero3(unit, config, dims)
+    else:
+        materialize(names, config.model, model.seed, dims)
+    left = meta_parameters(model)
+    if left:
+        raise RuntimeError(f"parameters without storage after materialisation: {left[:3]}")
+    return model
 
 
 def blocks_of(part: Part) -> dict[int, nn.Module]:

@@ -3,8 +3,9 @@
     python -m launcher.probe_checkpoint RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
                                         [--device cpu|cuda] [--out FILE.md]
 
-Loads a checkpoint (a run folder's newest intact one, or the given ``step_*.pt``; its SHA-256 is verified), builds
-the model from the run's saved ``config.yaml`` (layout independent: checkpoints hold full tensors), and runs
+Loads a checkpoint (a run folder's newest intact one, or the given ``step_XXXXXXXX`` folder; its files' SHA-256 are
+verified), builds the model from the run's saved ``config.yaml`` (layout independent: a checkpoint holds the
+single-device model's tensors, in whatever shards the layout wrote; this one process reads them whole), and runs
 ``--batches`` probe batches (the monitors' probe batch: ``monitor.probe_batch_size`` validation windows each,
 consecutive windows for later batches) through it in eval mode under the run's autocast and attention. Every layer's
 q, k, v and dO are captured (launcher/monitors/probe.py); then, per layer, head and mode, delta_lp - delta_hp =
@@ -30,7 +31,7 @@ import yaml
 
 from kernels.bias_probe import Mode, default_modes
 from kernels.modes import AttentionSettings, tie_tile_keys
-from launcher.checkpoint import CheckpointError, CheckpointStore, load_parameters
+from launcher.checkpoint import CheckpointError, CheckpointStore, load_model_weights
 from launcher.config import ConfigError, build_config
 from launcher.data import eval_offsets, windows
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, scores
@@ -38,6 +39,8 @@ from kernels.reference import exact_attention
 from launcher.monitors.delta_bias import delta_difference, saved_output
 from launcher.monitors.probe import run_probe
 from launcher.parallel.dims import ParallelDims
+from launcher.parallel.materialize import materialize
+from launcher.parallel.names import named_parameters
 from launcher.parallelize import bind_attention
 from launcher.trainer import autocast_factory, build_model, open_data
 
@@ -50,17 +53,17 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
     """(run folder, verified checkpoint file) for a run folder or a checkpoint file."""
     if not path.exists():
         raise ProbeError(f"{path} does not exist; give a run folder (runs/<experiment>/<arm>) or one of its "
-                         "checkpoints/step_*.pt")
-    if path.is_dir():
+                         "checkpoints/step_XXXXXXXX folders")
+    if path.is_dir() and path.parent.name != "checkpoints":
         run_dir = path
         checkpoint = CheckpointStore(run_dir).latest()
         if checkpoint is None:
-            raise ProbeError(f"{path} holds no complete checkpoint (checkpoints/step_*.pt with its .sha256); give a "
-                             "run folder trained with checkpoint.interval > 0, or a checkpoint file")
+            raise ProbeError(f"{path} holds no complete checkpoint (checkpoints/step_XXXXXXXX/ with its "
+                             "checksums.json); give a run folder trained with checkpoint.interval > 0, or a checkpoint")
     else:
         run_dir, checkpoint = path.resolve().parent.parent, path
-        if checkpoint.parent.name != "checkpoints" or not checkpoint.name.startswith(("step_", "warning_step_")):
-            raise ProbeError(f"{path} is not a checkpoint: expected <run folder>/checkpoints/step_XXXXXXXX.pt")
+        if not path.is_dir() or not checkpoint.name.startswith(("step_", "warning_step_")):
+            raise ProbeError(f"{path} is not a checkpoint: expected <run folder>/checkpoints/step_XXXXXXXX")
     problem = CheckpointStore(run_dir).problem(checkpoint)
     if problem:
         raise ProbeError(f"checkpoint {checkpoint} fails verification ({problem}); give an intact one")
@@ -76,7 +79,11 @@ def load_model(run_dir: Path, checkpoint: Path, device: torch.device):
     config.precision.fp8_ffn = False  # the probe looks at attention; BF16 FFNs need no Transformer Engine
     dims = ParallelDims(device=device)
     model, _, _ = build_model(config)
-    load_parameters(model, CheckpointStore(run_dir).load(checkpoint), dims)
+    materialize(named_parameters(model), config.model, model.seed, ParallelDims())  # on the CPU, then read into
+    try:
+        load_model_weights(checkpoint, model)
+    except ConfigError as err:
+        raise ProbeError(str(err)) from None
     bind_attention(model, config, dims)  # one process: of the layout's steps only the attention applies
     return config, model.to(device).eval()
 

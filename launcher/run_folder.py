@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -20,8 +21,8 @@ from typing import Optional
 from launcher.config import ConfigError
 
 RUN_FILES = ("events.out.tfevents.*", "batch_offsets.bin", "bad_step_*.yaml", "changes.yaml", "status.yaml",
-             "checkpoints/step_*", "checkpoints/latest", "checkpoints/*.tmp",  # step_*: checkpoints, checksums,
-             "checkpoints/warning_step_*")  # damaged and partial ones; warning_step_*: kept at early-warning onsets
+             "checkpoints/step_*", "checkpoints/latest", "checkpoints/*.tmp",  # step_*: checkpoint folders, damaged,
+             "checkpoints/warning_step_*")  # partial and earlier-format ones; warning_step_*: kept at warning onsets
 
 
 class RunLock:
@@ -57,7 +58,7 @@ class RunLock:
 
 
 def run_files(run_dir: Path) -> list[Path]:
-    """The files a run writes into its folder (not config.yaml, not the lock)."""
+    """The files and checkpoint folders a run writes into its folder (not config.yaml, not the lock)."""
     # a set: the patterns overlap (a partial save step_N.tmp matches two of them)
     return sorted({p for pattern in RUN_FILES for p in run_dir.glob(pattern)})
 
@@ -72,7 +73,7 @@ def start_fresh_or_resume(run_dir: Path, latest: Optional[Path], resume: bool, o
                           "or use another run.experiment")
     if leftovers and (overwrite or latest is None):
         for path in leftovers:
-            path.unlink()
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
         why = "run.overwrite=true" if overwrite else "the earlier run never saved a checkpoint"
         return f"started over in {run_dir}: removed {len(leftovers)} file(s) of an earlier run ({why})"
     return None

@@ -1,10 +1,11 @@
 """Training of one arm, in small named pieces: build, one optimizer step, evaluation, checkpointing, the loop.
 
 ``Trainer(config, dims)`` builds everything in torchtitan's order: the config's vocabulary resolved against the data,
-the full single-device model from the run's seed (so every layout starts from the same weights) with the resumed
-weights, the layout applied to it (launcher/parallelize.py: tensor parallelism, attention, device, FP8, activation
-checkpointing, ZeRO-3 switches), then the engine around this rank's part (DDP, DeepSpeed ZeRO or the pipeline;
-launcher/parallel/build.py) and the resumed optimizer state.
+the single-device model on the meta device, the layout applied to it (launcher/parallelize.py: tensor parallelism,
+attention, this rank's part materialised with the run seed's initial weights, so every layout starts from the same
+weights, FP8, activation checkpointing, ZeRO-3 switches), then the engine around this rank's part (DDP, DeepSpeed
+ZeRO or the pipeline; launcher/parallel/build.py), and on resume this rank's shards of the parameters and Adam
+state read into it (launcher/checkpoint.py).
 ``Trainer.fit()`` runs the loop: :meth:`train_step` (one optimizer step over its micro-batches, vetoed by the guard
 before the update), monitors, :meth:`evaluate`, :meth:`save_checkpoint` and the stop check.
 
@@ -30,8 +31,8 @@ import yaml
 
 from launcher import distributed
 from launcher.arm_status import write_status
-from launcher.checkpoint import (CheckpointStore, HashingWriter, check_fits, gather_training_state, load_fp8_scaling,
-                                 load_optimizer_state, load_parameters, rng_state, set_rng_state)
+from launcher.checkpoint import (FORMAT, RUN, CheckpointStore, HashingWriter, check_fits, fp8_destinations,
+                                 fp8_entries, load_fp8_scaling, rng_entry, rng_state, set_rng_state, training_entries)
 from launcher.config import Config, ConfigError, OptimConfig, changes_refusal, config_changes, resolve_vocab_size
 from launcher.data import BatchSchedule, OffsetRecorder, TokenData, eval_offsets, windows
 from launcher.metrics import Metrics, peak_tflops
@@ -42,6 +43,7 @@ from launcher.parallelize import parallelize, rebind_attention
 from launcher import on_warning
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
+from launcher.sharded import saved_shapes
 from model import GPT, describe_backend, resolve_backend
 
 
@@ -175,10 +177,11 @@ def open_data(config: Config, dims: ParallelDims) -> TokenData:
 
 
 def build_model(config: Config) -> tuple[GPT, int, float]:
-    """The full single-device GPT from the run's seed, on the CPU, on every rank (launcher/parallelize.py then applies
-    the layout). Also returns its parameter count and training FLOPs per token (for MFU)."""
-    torch.manual_seed(config.run.seed)  # the same initial weights in every arm and every layout
-    model = GPT(config.model)
+    """The single-device GPT on the meta device (no storage; launcher/parallelize.py applies the layout and
+    materialises this rank's part with the initial weights of the run's seed, the same in every arm and layout). Also
+    returns its parameter count and training FLOPs per token (for MFU)."""
+    with torch.device("meta"):
+        model = GPT(config.model, seed=config.run.seed)
     return model, model.num_parameters(), model.flops_per_token(config.data.seq_len)
 
 
@@ -200,42 +203,48 @@ class Trainer:
 
         self.store = CheckpointStore(self.run_dir, checkpoint_writer)
         self.lock = None
-        latest = None
-        if dims.is_logging_rank:  # one process group per run folder; then the folder's earlier run, if any
+        if dims.is_logging_rank:  # one process group per run folder
             self.lock = RunLock(self.run_dir).acquire()
-            if config.checkpoint.resume:  # verified, falling back past damaged ones (CheckpointError if none is left)
-                latest, damaged = self.store.resumable()
-                if damaged:
-                    print(f"[{config.run.arm}] {damaged}", flush=True)
+        latest = None
+        if config.checkpoint.resume:  # verified by all ranks, falling back past damaged ones (CheckpointError if none)
+            latest, damaged = self.store.resumable(dims)
+            if damaged and dims.is_logging_rank:
+                print(f"[{config.run.arm}] {damaged}", flush=True)
+        if dims.is_logging_rank:  # the folder's earlier run, if any
             earlier = latest or self.store.newest_file()  # damaged or not: a fresh start must not eat it
             message = start_fresh_or_resume(self.run_dir, earlier, config.checkpoint.resume, config.run.overwrite)
             if message:
                 print(f"[{config.run.arm}] {message}", flush=True)
-        if dims.distributed:  # every rank resumes the checkpoint the logging rank verified, once the folder is settled
-            chosen = [latest]
-            dist.broadcast_object_list(chosen, src=0)  # the logging rank is rank 0
-            latest = chosen[0]
-        state = self.store.load(latest) if latest is not None else None
+        if dims.distributed:  # every rank goes on once the folder is settled
+            dist.barrier()
+        run = self.store.run_state(latest) if latest is not None else None
         self.switch: Optional[on_warning.Switch] = None  # an early warning's switch of attention.fix, if any
-        if state is not None:  # a switch made before this checkpoint still holds (launcher/on_warning.py)
-            config, self.switch = on_warning.resume_switch(config, state)
+        if run is not None:  # a switch made before this checkpoint still holds (launcher/on_warning.py)
+            config, self.switch = on_warning.resume_switch(config, run)
             self.config = config
-        self.changes = self._check_changes(state) if state is not None else {}
+        self.changes = self._check_changes(run) if run is not None else {}
         self.metrics_note = ""
         self._saved_step: Optional[int] = None
-        if state is not None:
-            check_fits(state, model, dims, latest)
-            load_parameters(model, state, dims)
+        saved = set()
+        if run is not None:
+            shapes = saved_shapes(latest)
+            saved = set(shapes)
+            check_fits(shapes, model, latest)
         self.engine: Engine = build_engine(parallelize(model, config, dims), config, dims, self.run_dir)
         self.model = self.engine.model  # on the device; under pipeline parallelism, this rank's stage
         self.guard = Guard(config)
         self.start_step = 0
-        if state is not None:
-            load_optimizer_state(self.engine, state, dims)
-            load_fp8_scaling(self.engine, state, config.precision)
-            self.guard.load_state_dict(state["guard"])
-            set_rng_state(state["rng"][min(dims.rank, len(state["rng"]) - 1)])
-            self.start_step = state["step"]
+        if run is not None:  # every rank reads its own shards of the parameters and Adam moments, nothing more
+            entries = training_entries(self.engine.prepare_state_load(run["adam_step"]), dims)
+            rng = rng_entry(min(dims.rank, run["world_size"] - 1))  # another layout: the rank with this index
+            entries[rng] = None
+            entries.update(fp8_destinations(self.engine, saved, config.precision))
+            read = self.store.read(latest, entries)
+            self.engine.finish_state_load()
+            load_fp8_scaling(self.engine, read, config.precision)
+            self.guard.load_state_dict(run["guard"])
+            set_rng_state(read[rng])
+            self.start_step = run["step"]
 
         self.autocast = autocast_factory(config, dims.device)
         logging = dims.is_logging_rank
@@ -253,7 +262,7 @@ class Trainer:
                                    f"{self.run_dir / 'changes.yaml'}): {self.metrics_note}")
         else:
             self.metrics.text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
-        self.monitors = self._build_monitors(state)
+        self.monitors = self._build_monitors(latest, saved)
         self.recorder = OffsetRecorder(self.run_dir / "batch_offsets.bin", config.data.global_batch_size,
                                        self.start_step, self.schedule.offsets) if logging else None
 
@@ -286,7 +295,7 @@ class Trainer:
             log.write_text(yaml.safe_dump(entries, sort_keys=False))
             self.metrics_note = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(self.changes.items()))
 
-    def _build_monitors(self, state: Optional[dict]):
+    def _build_monitors(self, latest: Optional[Path], saved: set[str]):
         config = self.config
         if not (config.monitor.spectral_interval or config.monitor.probe_interval):
             return None
@@ -296,8 +305,8 @@ class Trainer:
                                                           config.monitor.probe_batch_size), config.data.seq_len)
         monitors = Monitors(config, self.model, tuple(t.to(self.dims.device) for t in probe_batch),
                             self.metrics.writer, self.autocast, self.backend, self.dims, self.engine)
-        if state is not None and state.get("monitors") is not None:
-            monitors.load_state_dict(state["monitors"])
+        if latest is not None:  # collective: every rank reads (its share of) the monitors' state
+            monitors.load_state_dict(self.store.read(latest, monitors.checkpoint_destinations(saved)))
         return monitors
 
     # ------------------------------------------------------------------------------------------------------------
@@ -351,15 +360,19 @@ class Trainer:
         return (total[0] / total[1]).item()
 
     def save_checkpoint(self, step: int) -> None:
-        """Collective: every rank contributes its shards; the logging rank writes one file."""
-        training = gather_training_state(self.engine, self.dims)
-        monitors = self.monitors.state_dict() if self.monitors is not None else None
-        rngs = distributed.gather_objects(rng_state(), self.dims)
-        if training is not None:
-            training.update(step=step, guard=self.guard.state_dict(), monitors=monitors, rng=rngs,
-                            layout=self.dims.describe(), config=self.config.to_dict(),
-                            warning_switch=self.switch.to_dict() if self.switch is not None else None)
-            self.store.save(step, training)
+        """Collective: every rank writes its own shards, and nothing is gathered (launcher/checkpoint.py)."""
+        dims = self.dims
+        entries = training_entries(self.engine.state_pieces(), dims)
+        entries.update(fp8_entries(self.engine, dims))
+        entries[rng_entry(dims.rank)] = rng_state()
+        if self.monitors is not None:
+            entries.update(self.monitors.state_dict())
+        if dims.is_logging_rank:
+            entries[RUN] = {"format": FORMAT, "step": step, "adam_step": self.engine.adam_step(),
+                            "guard": self.guard.state_dict(), "layout": dims.describe(),
+                            "world_size": dims.world_size, "config": self.config.to_dict(),
+                            "warning_switch": self.switch.to_dict() if self.switch is not None else None}
+        self.store.save(step, entries, dims)
         self._saved_step = step
 
     def fit(self) -> ArmResult:

@@ -5,6 +5,11 @@ tied input/output embeddings, a GELU MLP, optional biases and GPT-2 initialisati
 projections. Nothing here knows about process groups, FP8 or the training loop: tensor/pipeline parallelism and
 FP8 are applied from outside (launcher/), by swapping or wrapping the named submodules below.
 
+With a seed, initialisation is a pure function of (seed, parameter name) (:func:`initial_value`): each parameter
+draws from its own generator, so any process can produce any parameter, or only the parameters it holds, without
+building the rest. Built under ``torch.device("meta")`` the model has no storage and is not initialised; the
+launcher then materialises each rank's slice of it (launcher/parallelize.py).
+
 Module names are part of the contract with the monitors, the checkpoints and the code that applies a layout
 (launcher/parallelize.py: tensor parallelism, FP8, activation checkpointing, the pipeline's stages):
 ``blocks.{i}.attn.{q_proj,k_proj,v_proj,out_proj}`` and ``blocks.{i}.mlp.{fc_in,fc_out}``.
@@ -12,6 +17,7 @@ Module names are part of the contract with the monitors, the checkpoints and the
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -134,6 +140,29 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def parameter_seed(seed: int, name: str) -> int:
+    """The seed of one parameter's generator: a hash of the model's seed and the parameter's name (stable across
+    processes and Python versions, unlike ``hash``)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def initial_value(config: GPTConfig, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The initial FP32 value (on the CPU) of the single-device model's parameter ``name`` of shape ``shape``:
+    GPT-2 initialisation, normal(0, init_std) for embeddings and linear weights, init_std / sqrt(2 n_layer) for the
+    residual projections (attn.out_proj, mlp.fc_out) so that the residual stream's variance stays O(1); LayerNorm
+    gains 1, biases 0. Drawn from a generator of its own (:func:`parameter_seed`)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if name.startswith("ln_f.") or ".ln1." in name or ".ln2." in name:
+        return torch.ones(shape)
+    std = config.init_std
+    if name.endswith(("attn.out_proj.weight", "mlp.fc_out.weight")):
+        std /= math.sqrt(2 * config.n_layer)
+    generator = torch.Generator().manual_seed(parameter_seed(seed, name))
+    return torch.empty(shape).normal_(0.0, std, generator=generator)
+
+
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, computed in FP32 whatever the logits' dtype."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
@@ -148,7 +177,7 @@ class GPT(nn.Module):
     ``loss_fn(logits, targets)`` is an attribute so that a parallel layout can replace it (tensor parallelism
     computes the cross-entropy of vocabulary-split logits without gathering them)."""
 
-    def __init__(self, config: GPTConfig, attention_fn: AttentionFn = sdpa_attention):
+    def __init__(self, config: GPTConfig, attention_fn: AttentionFn = sdpa_attention, seed: Optional[int] = None):
         super().__init__()
         if config.vocab_size <= 0:
             raise ValueError("GPTConfig.vocab_size must be set (the launcher fills it from the data's meta.json)")
@@ -161,10 +190,19 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied embeddings
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy
-        self.reset_parameters()
+        self.seed = seed
+        if self.tok_emb.weight.device.type != "meta":
+            self.reset_parameters()
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation; residual projections are scaled so the residual stream's variance stays O(1)."""
+        """GPT-2 initialisation (:func:`initial_value`). With a seed, every parameter takes :func:`initial_value` of
+        its name and the seed (the launcher's way: any process can produce any parameter alone); without one, the
+        same distributions are drawn from torch's global generator in module order, as plain PyTorch modules do."""
+        if self.seed is not None:
+            for name, param in self.named_parameters():  # the tied output weight once, as tok_emb.weight
+                param.copy_(initial_value(self.config, name, tuple(param.shape), self.seed))
+            return
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():

@@ -41,6 +41,7 @@ from launcher.monitors import tags
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.sequence import local_seq_len
 from launcher.parallel.tensor import Shard, gather_full, head_range, shard_of
+from launcher.sharded import Sharded
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_stats, scores
 from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
 from launcher.monitors.probe import ProbeResult, run_probe, run_stage_probe
@@ -49,7 +50,30 @@ from launcher.monitors.spectral import SpectralTracker
 from launcher.monitors.warning import EarlyWarning, Onset, WarningRule
 from model.attention import noise_keys
 
-STATE_VERSION = 2  # 2: per-head state stored for all heads of the model (any tensor-parallel layout can load it)
+STATE_VERSION = 3  # 3: checkpoint entries, per-head state in per-head chunks; 2: one dict gathered on rank 0
+RUN_ENTRY = "monitors/run"
+
+
+def spectral_entry(stage_key: str) -> str:
+    return f"monitors/spectral/{stage_key}"
+
+
+def head_entry(kind: str, layer: int) -> str:
+    """The checkpoint entry of a per-head state tensor of a layer (kind delta_cum, prev_error, qk_previous_q or
+    qk_previous_k), all heads."""
+    return f"monitors/{kind}/{layer}"
+
+
+def entries_from_format2(state: dict) -> dict:
+    """A format-2 checkpoint's monitor state (one dict, all heads and stages) as checkpoint entries
+    (launcher/checkpoint.py converts such checkpoints)."""
+    entries = {spectral_entry(key): vectors for key, vectors in state["spectral_vectors"].items()}
+    for kind in ("delta_cum", "prev_error"):
+        for i, t in state[kind].items():
+            entries[head_entry(kind, int(i))] = Sharded(tuple(t.shape), [((0,) * t.dim(), t)])
+    entries[RUN_ENTRY] = {"version": STATE_VERSION, "overhead_s": state["overhead_s"],
+                          "last_values": state["last_values"], "warning": state.get("warning")}
+    return entries
 
 
 def _due(step: int, interval: int) -> bool:
@@ -194,30 +218,55 @@ class Monitors:
         return values
 
     def state_dict(self) -> dict:
-        """Persistent state: power-iteration vectors, running delta-bias sums, the last dW_Q error matrices; per-head
-        state of all heads, per-layer state of all stages (collective: every rank calls)."""
+        """This rank's part of the persistent state, as checkpoint entries (launcher/checkpoint.py; local, nothing is
+        gathered): the running delta-bias sums and last dW_Q error matrices of this rank's layers as its heads'
+        chunks of all-head tensors; the power-iteration vectors of this stage's layers, under the layers they cover,
+        from the stage's first rank (another layout starts those batches afresh); the rest from the logging rank."""
         if not self.active:
             return {}
-        state = {
-            "version": STATE_VERSION,
-            # the vectors of a batch of layers, under the layers it covers: another layout starts that batch afresh
-            "spectral_vectors": {self._stage_key(): self.tracker.state_dict()},
-            "delta_cum": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.delta_cum.items())},
-            "prev_error": {i: self._all_heads(t).cpu().clone() for i, t in sorted(self.prev_error.items())},
-            "overhead_s": self._overhead_s,
-            "last_values": dict(self._last),
-            "warning": self.warning.state_dict() if self.warning is not None else None,
-            # the last spectral call's W_Q and W_K head blocks, all heads: the next call's update starts from them
-            "qk_previous": {i: tuple(self._all_heads(w).cpu().clone() for w in pair)
-                            for i, pair in sorted((self.qk_update.previous if self.qk_update else {}).items())},
-        }
-        stages = self._gather_stages(state)
-        if stages is None:
-            return state
-        for other in stages[1:]:
-            for key in ("spectral_vectors", "delta_cum", "prev_error", "qk_previous"):
-                state[key].update(other[key])
-        return state
+        entries = {}
+        for kind, tensors in (("delta_cum", self.delta_cum), ("prev_error", self.prev_error)):
+            for i, t in tensors.items():
+                entries[head_entry(kind, i)] = self._heads_chunk(t)
+        # the last spectral call's W_Q and W_K head blocks: the next call's update starts from them
+        for i, pair in (self.qk_update.previous if self.qk_update else {}).items():
+            for kind, blocks in zip(("qk_previous_q", "qk_previous_k"), pair):
+                entries[head_entry(kind, i)] = self._heads_chunk(blocks)
+        if self.dims.dp_rank == 0 and self.dims.tp_rank == 0:
+            entries[spectral_entry(self._stage_key())] = self.tracker.state_dict()
+        if self.dims.is_logging_rank:
+            entries[RUN_ENTRY] = {"version": STATE_VERSION, "overhead_s": self._overhead_s,
+                                  "last_values": dict(self._last),
+                                  "warning": self.warning.state_dict() if self.warning is not None else None}
+        return entries
+
+    def _heads_chunk(self, t: torch.Tensor) -> Sharded:
+        """This rank's heads (dimension 0) of a per-head state tensor, as a chunk of the all-head tensor."""
+        return Sharded((self.n_head, *t.shape[1:]), [((self.head_offset,) + (0,) * (t.dim() - 1), t)])
+
+    def checkpoint_destinations(self, saved: set[str]) -> dict:
+        """The entries of a checkpoint holding ``saved`` that :meth:`load_state_dict` takes: this rank's heads of its
+        delta-bias layers, its stage's vectors, the run-level state."""
+        if not self.active:
+            return {}
+        device = self.probe_batch[0].device
+        local = {"delta_cum": ((self.local_heads,), torch.float64),
+                 "prev_error": ((self.local_heads, self.head_dim, self.d_model), torch.float32)}
+        wanted = {}
+        for i in self.delta_layers:
+            for kind, (shape, dtype) in local.items():
+                if head_entry(kind, i) in saved:
+                    wanted[head_entry(kind, i)] = self._heads_chunk(torch.zeros(shape, dtype=dtype, device=device))
+        if self.qk_update is not None:  # this rank's heads of its watched layers' (H, hd, d) W_Q and W_K blocks
+            for i in self.qk_layers:
+                for kind in ("qk_previous_q", "qk_previous_k"):
+                    if i in self.layers and head_entry(kind, i) in saved:
+                        blocks = torch.zeros((self.local_heads, self.head_dim, self.d_model), device=device)
+                        wanted[head_entry(kind, i)] = self._heads_chunk(blocks)
+        for key in (spectral_entry(self._stage_key()), RUN_ENTRY):
+            if key in saved:
+                wanted[key] = None
+        return wanted
 
     def _stage_key(self) -> str:
         return ",".join(map(str, self.layer_ids))
@@ -243,22 +292,32 @@ class Monitors:
                 merged[tag] = max(merged.get(tag, value), value) if tag.startswith("monitor/") else value
         return merged
 
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"monitor state version {state.get('version')} is not {STATE_VERSION}; "
+    def load_state_dict(self, read: dict) -> None:
+        """Install what was read for :meth:`checkpoint_destinations`."""
+        if not self.active:
+            return
+        run = read.get(RUN_ENTRY)
+        if run is not None and run.get("version") != STATE_VERSION:
+            raise ValueError(f"monitor state version {run.get('version')} is not {STATE_VERSION}; "
                              "resume with the code that wrote the checkpoint")
         device = self.probe_batch[0].device
-        mine = slice(self.head_offset, self.head_offset + self.local_heads)
-        self.tracker.load_state_dict(state["spectral_vectors"].get(self._stage_key(), {}), device)
-        self.delta_cum = {int(i): t[mine].to(device) for i, t in state["delta_cum"].items()}
-        self.prev_error = {int(i): t[mine].to(device) for i, t in state["prev_error"].items()}
-        self._overhead_s = float(state["overhead_s"])
-        self._last = dict(state["last_values"])
+        self.tracker.load_state_dict(read.get(spectral_entry(self._stage_key())) or {}, device)
+        for kind, tensors in (("delta_cum", self.delta_cum), ("prev_error", self.prev_error)):
+            tensors.clear()
+            for i in self.delta_layers:
+                if head_entry(kind, i) in read:
+                    tensors[i] = read[head_entry(kind, i)].chunks[0][1]
         if self.qk_update is not None:  # absent in checkpoints written before the qk-update monitor
-            self.qk_update.previous = {int(i): (q[mine].to(device), k[mine].to(device))
-                                       for i, (q, k) in state.get("qk_previous", {}).items() if int(i) in self.layers}
-        if self.warning is not None and state.get("warning"):  # absent in checkpoints written before the warning
-            self.warning.load_state_dict(state["warning"])
+            pairs = {i: tuple(read.get(head_entry(kind, i)) for kind in ("qk_previous_q", "qk_previous_k"))
+                     for i in self.qk_layers}
+            self.qk_update.previous = {i: (q.chunks[0][1], k.chunks[0][1]) for i, (q, k) in pairs.items()
+                                       if q is not None and k is not None}
+        if run is None:
+            return
+        self._overhead_s = float(run["overhead_s"])
+        self._last = dict(run["last_values"])
+        if self.warning is not None and run.get("warning"):  # absent in checkpoints written before the warning
+            self.warning.load_state_dict(run["warning"])
             self._warned = self.warning.on
 
     def attention_rebound(self) -> None:

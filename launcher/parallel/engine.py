@@ -13,9 +13,10 @@ The trainer calls, per optimizer step::
 on an objection, parameters and optimizer state stay exactly as they were and the gradients are dropped.
 A micro-batch is (inputs, targets), or (inputs, targets, row_keys) when the attention draws random bits
 (``AttentionConfig.needs_noise_keys``); the keys go to the model's forward as its third argument.
-Checkpoints go through :meth:`Engine.full_parameter` / :meth:`Engine.full_optimizer_state` (per parameter,
-data-parallel shards assembled) and :meth:`Engine.load_optimizer_state`, which is what lets a checkpoint outlive its
-layout (launcher/checkpoint.py).
+Checkpoints go through :meth:`Engine.state_pieces` (what this rank holds of each parameter and of its Adam moments:
+the tensors themselves, or their ZeRO partitions, never assembled) and :meth:`Engine.prepare_state_load` /
+:meth:`Engine.finish_state_load` (the same pieces as destinations); launcher/checkpoint.py writes and reads them
+under the single-device model's names and shapes, which is what lets a checkpoint outlive its layout.
 
 - :class:`LocalEngine`: one process, or DDP over the data-parallel group (``parallel.zero_stage=0``); AdamW
   from torch; the gradient norm sums split parameters over the tensor-parallel group.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -44,6 +46,22 @@ from launcher.parallel.names import named_parameters
 from launcher.parallel.tensor import shard_of
 
 ADAM_STATE_KEYS = ("exp_avg", "exp_avg_sq")
+PARAM = "param"  # the key of a parameter's own value among a piece's keys (the others: ADAM_STATE_KEYS)
+
+
+@dataclass
+class Piece:
+    """What this rank holds of one parameter's tensor-parallel slice (``key`` PARAM), or of one of its Adam moments:
+    elements [start, start + data.numel()) of the slice, of shape ``local_shape``, flattened row-major. ``data`` is a
+    view of where the values live (the parameter or moment itself, or this rank's ZeRO partition of it), flat, or the
+    whole slice in its own shape."""
+
+    name: str
+    key: str
+    param: nn.Parameter
+    local_shape: tuple[int, ...]
+    start: int
+    data: torch.Tensor
 
 
 def autocast_dtype(config: Config, device: torch.device) -> str:
@@ -61,7 +79,8 @@ def build_optimizer(model: nn.Module, config: Config, device: torch.device) -> t
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
+            matrix = len(getattr(p, "ds_shape", p.shape)) >= 2  # a ZeRO-3 partition keeps its shape in ds_shape
+            (decay if matrix and id(p) not in embeddings else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.adam_eps,
                              fused=device.type == "cuda")
@@ -142,20 +161,21 @@ class Engine:
         """Context in which ``params`` hold their full data-parallel values (ZeRO-3 partitions them)."""
         return contextlib.nullcontext()
 
-    def full_parameter(self, param: nn.Parameter) -> torch.Tensor:
-        """FP32 master value of ``param`` (this rank's tensor-parallel slice); collective over data parallel."""
-        return param.detach()
-
-    def full_optimizer_state(self, param: nn.Parameter) -> Optional[dict[str, torch.Tensor]]:
-        """Adam moments of ``param`` (this rank's tensor-parallel slice), None before the first step."""
+    def state_pieces(self) -> list[Piece]:
+        """This rank's pieces of every parameter and, once the optimizer has taken a step, of its Adam moments (see
+        :class:`Piece`); local, no communication."""
         raise NotImplementedError
+
+    def prepare_state_load(self, adam_step: int) -> list[Piece]:
+        """The pieces to read a checkpoint into: the parameters', and with ``adam_step`` > 0 the Adam moments' (the
+        optimizer state is created first, at that step count). Then :meth:`finish_state_load`."""
+        raise NotImplementedError
+
+    def finish_state_load(self) -> None:
+        """After the pieces were filled: bring whatever mirrors them up to date (ZeRO's FP32 master partitions)."""
 
     def adam_step(self) -> int:
         """Number of updates the optimizer has applied."""
-        raise NotImplementedError
-
-    def load_optimizer_state(self, states: dict[str, dict[str, torch.Tensor]], adam_step: int) -> None:
-        """Install Adam moments (name -> this rank's slices) and the step count."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -210,23 +230,29 @@ class LocalEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
         return norm.item(), problem
 
-    def full_optimizer_state(self, param):
-        state = self.optimizer.state.get(param)
-        return {k: state[k] for k in ADAM_STATE_KEYS} if state else None
+    def state_pieces(self):
+        pieces = []
+        for name, p in self.named_parameters():
+            shape = tuple(p.shape)
+            pieces.append(Piece(name, PARAM, p, shape, 0, p.detach()))
+            state = self.optimizer.state.get(p)
+            if state:
+                pieces += [Piece(name, k, p, shape, 0, state[k]) for k in ADAM_STATE_KEYS]
+        return pieces
 
     def adam_step(self) -> int:
         steps = [int(s["step"]) for s in self.optimizer.state.values() if "step" in s]
         return max(steps, default=0)
 
-    def load_optimizer_state(self, states, adam_step):
-        # Through the optimizer's own load_state_dict, which puts "step" where torch's AdamW variant expects it.
-        index = {id(p): i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])}
-        names = {id(p): n for n, p in self.named_parameters()}
-        state = {}
-        for p_id, i in index.items():
-            saved = states[names[p_id]]
-            state[i] = {"step": torch.tensor(float(adam_step)), **{k: saved[k] for k in ADAM_STATE_KEYS}}
-        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+    def prepare_state_load(self, adam_step):
+        if adam_step:  # torch's AdamW state, as its first step creates it (the step count where that variant keeps it)
+            for group in self.optimizer.param_groups:
+                on_device = group.get("fused") or group.get("capturable")
+                for p in group["params"]:
+                    step = torch.tensor(float(adam_step), dtype=torch.float32, device=p.device if on_device else "cpu")
+                    self.optimizer.state[p] = {"step": step, **{k: torch.zeros_like(p, memory_format=torch.preserve_format)
+                                                               for k in ADAM_STATE_KEYS}}
+        return self.state_pieces()
 
 
 def import_deepspeed():
@@ -339,21 +365,52 @@ class ZeroEngine(Engine):
 
         return deepspeed.zero.GatheredParameters(params)
 
-    def full_parameter(self, param):
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        return safe_get_full_fp32_param(param)
-
-    def full_optimizer_state(self, param):
-        from deepspeed.utils import safe_get_full_optimizer_state
-
+    def state_pieces(self):
         step = self.adam_step()
-        if step == 0:
-            return None
-        if self._linked_at_step != step:
+        if step and self._linked_at_step != step:
             self._link_moments()
             self._linked_at_step = step
-        return {k: safe_get_full_optimizer_state(param, k) for k in ADAM_STATE_KEYS}
+        return self._pieces(moments=step > 0, for_saving=True)
+
+    def _pieces(self, moments: bool, for_saving: bool) -> list[Piece]:
+        """Parameters: the model's own tensors under ZeRO-1/2 (each rank holds them whole; DCP writes each once),
+        this rank's partition under ZeRO-3. Moments: this rank's fragment of each parameter in its flat partition.
+        Under ZeRO-3 DeepSpeed keeps the FP32 master values in a copy of the partitions; with FP32 parameters (the
+        recipe's) the two are equal, and :meth:`finish_state_load` copies the parameters into it."""
+        from deepspeed.utils import safe_get_local_optimizer_state
+
+        pieces = []
+        skip_moments = self._moments_saved_elsewhere() if for_saving else set()
+        for name, p in self.named_parameters():
+            if self.zero_stage == 3:
+                shape, size = tuple(p.ds_shape), p.ds_tensor.numel()
+                start = dist.get_rank(group=p.ds_process_group) * size
+                held = max(0, min(size, p.ds_numel - start))  # the last partition is padded
+                pieces.append(Piece(name, PARAM, p, shape, start, p.ds_tensor.narrow(0, 0, held)))
+                if moments:
+                    pieces += [Piece(name, k, p, shape, start, safe_get_local_optimizer_state(p, k).narrow(0, 0, held))
+                               for k in ADAM_STATE_KEYS]
+                continue
+            shape = tuple(p.shape)
+            pieces.append(Piece(name, PARAM, p, shape, 0, p.detach()))
+            mapping = getattr(p, "_hp_mapping", None)  # None: no fragment of p in this rank's partition
+            if moments and mapping is not None and id(p) not in skip_moments:
+                start = mapping.lp_fragment_address.start
+                pieces += [Piece(name, k, p, shape, start, mapping.get_optim_state_fragment(k)) for k in ADAM_STATE_KEYS]
+        return pieces
+
+    def _moments_saved_elsewhere(self) -> set[int]:
+        """Parameters whose moments another rank saves in full (the pipeline's tied weight, saved by its first
+        stage: its copy on a later stage is cut into other fragments)."""
+        return set()
+
+    def prepare_state_load(self, adam_step):
+        if adam_step:
+            self._create_moments(adam_step)
+        return self._pieces(moments=adam_step > 0, for_saving=False)
+
+    def finish_state_load(self):
+        self.optimizer.refresh_fp32_params()  # the FP32 master partitions from the loaded parameters
 
     def _link_moments(self) -> None:
         """Point every parameter's fragment mapping at the current Adam moments of its flat partition (stages 1, 2).
@@ -371,12 +428,10 @@ class ZeroEngine(Engine):
         steps = [int(s["step"]) for s in self._inner().state.values() if "step" in s]
         return max(steps, default=0)
 
-    def load_optimizer_state(self, states, adam_step):
-        from deepspeed.utils import safe_set_full_optimizer_state
-
-        # The flat FP32 partitions get their Adam state lazily at the first update. Create it as torch's AdamW does
-        # (zero moments; the step count on the device only for the fused/capturable variants), then let DeepSpeed
-        # copy each parameter's moments into its fragments of the partitions.
+    def _create_moments(self, adam_step: int) -> None:
+        """The flat FP32 partitions get their Adam state lazily at the first update. Create it as torch's AdamW does
+        (zero moments; the step count on the device only for the fused/capturable variants) and link every
+        parameter's fragments to it, so that the checkpoint is read straight into the partitions."""
         inner = self._inner()
         on_device = bool(inner.defaults.get("fused") or inner.defaults.get("capturable"))
         flats = self.optimizer.fp32_partitioned_groups_flat if self.zero_stage == 3 \
@@ -385,9 +440,20 @@ class ZeroEngine(Engine):
             step = torch.tensor(float(adam_step), dtype=torch.float32, device=flat.device if on_device else "cpu")
             inner.state[flat] = {"step": step, **{k: torch.zeros_like(flat) for k in ADAM_STATE_KEYS}}
         self._link_moments()
-        for name, param in self.named_parameters():
-            for key in ADAM_STATE_KEYS:
-                safe_set_full_optimizer_state(param, states[name][key].to(self.dims.device), key)
+        self._linked_at_step = adam_step
+
+
+def partition_zero3(module: nn.Module, config: Config, dims: ParallelDims) -> None:
+    """Partition the parameters of ``module`` over data parallel as DeepSpeed's ZeRO-3 engine does when it starts
+    (the same ``zero.Init(module=...)`` call, with the engine's arguments), so that the engine, finding them
+    partitioned, leaves them be. launcher/parallelize.py calls it one block at a time, right after materialising
+    the block, so that no rank holds more than one block's (tensor-parallel slice of) weights whole. Collective over
+    the data-parallel group."""
+    deepspeed = import_deepspeed()
+
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
+    deepspeed.zero.Init(module=module, data_parallel_group=dims.dp_group, dtype=torch.float32,
+                        config_dict_or_path=deepspeed_config(config, dims, 3), mpu=dims)
 
 
 def deepspeed_config(config: Config, dims: ParallelDims, zero_stage: int) -> dict:

@@ -19,8 +19,11 @@ ones only). Each block layer (a :class:`PipelineBlock`) passes the keys on; ``dr
 hands the final LayerNorm the hidden states alone. Evaluation sends key 0 for every row (what the single-device model
 does without keys). Every other run passes the hidden states alone.
 
-:func:`build_stage` makes this rank's stage (launcher/parallelize.py calls it as its device-placement step, then
-applies FP8 and activation checkpointing to the stage's blocks); :class:`PipelineEngine` only wraps it.
+:func:`build_stage` makes this rank's stage (launcher/parallelize.py calls it as its materialisation step, then
+applies FP8 and activation checkpointing to the stage's blocks); :class:`PipelineEngine` only wraps it. The model
+arrives on the meta device: the stage's layers are found with DeepSpeed's own partitioning function before the
+``PipelineModule`` exists (it moves its layers to the device and broadcasts the tied weight when it is built), and
+only they are materialised; the other stages' layers never get storage on this rank.
 
 Sequence parallelism (launcher/parallel/sequence.py) needs nothing here but two settings: the positions layer ends
 with the GPT's ``drop``, which then splits the sequence, so stage boundaries carry each tensor-parallel rank's own
@@ -46,6 +49,8 @@ from torch import nn
 from launcher.config import Config
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.engine import ZeroEngine, deepspeed_config, import_deepspeed
+from launcher.parallel.materialize import materialize
+from launcher.parallel.names import named_parameters
 
 FIRST_BLOCK = 2  # pipeline layers 0 and 1 are the token embedding and the positions; the blocks follow
 
@@ -159,25 +164,61 @@ class PipelineStage:
         return [(parameter_name(self.names, p), p) for p in self.module.parameters()]
 
 
+def _layer_modules(layer) -> list[nn.Module]:
+    """The modules a pipeline layer (a module, a tied layer's spec or a function) holds parameters in."""
+    from deepspeed.pipe import LayerSpec
+
+    if isinstance(layer, LayerSpec):
+        return [arg for arg in layer.module_args if isinstance(arg, nn.Module)]
+    return [layer] if isinstance(layer, nn.Module) else []
+
+
+def stage_layers(layers: list, stages: int) -> list[int]:
+    """The first layer of each stage and the end, as DeepSpeed's ``partition_method="parameters"`` computes them
+    (``PipelineModule._count_layer_params``: trainable elements per layer, then ``partition_balanced``); on the meta
+    device, before the stages exist."""
+    from deepspeed.runtime import utils as ds_utils
+
+    counts = [sum(p.numel() for p in layer_parameters(layer) if p.requires_grad) for layer in layers]
+    return ds_utils.partition_balanced(weights=counts, num_parts=stages)
+
+
+def pipeline_layers(gpt: nn.Module, config: Config) -> list:
+    """The GPT as DeepSpeed's pipeline layers (the module docstring's list)."""
+    from deepspeed.pipe import TiedLayerSpec
+
+    blocks = [PipelineBlock(b) for b in gpt.blocks]
+    if config.attention.needs_noise_keys:
+        blocks.append(drop_row_keys)
+    return [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
+            AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
+            TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
+                          tied_weight_attr="embedding.weight")]
+
+
+def layer_parameters(layer) -> list[nn.Parameter]:
+    """The parameters a pipeline layer holds (a tied one once)."""
+    return list({id(p): p for m in _layer_modules(layer) for p in m.parameters()}.values())
+
+
 def build_stage(gpt: nn.Module, config: Config, dims: ParallelDims) -> PipelineStage:
-    """This rank's stage of ``gpt`` (tensor-split, attention bound, on the CPU) moved to ``dims.device``; the other
-    stages' layers stay where they are. Every rank of the layout must call it."""
+    """This rank's stage of ``gpt`` (tensor-split, attention bound, on the meta device), materialised on
+    ``dims.device``; the other stages' layers stay on the meta device. Every rank of the layout must call it."""
     deepspeed = import_deepspeed()
-    from deepspeed.pipe import PipelineModule, TiedLayerSpec
+    from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     # PipelineModule creates its communicators through deepspeed.comm, which wraps our process group
     deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
-    blocks = [PipelineBlock(b) for b in gpt.blocks]
-    if config.attention.needs_noise_keys:
-        blocks.append(drop_row_keys)
-    layers = [TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, tied_weight_attr="embedding.weight"),
-              AddPositions(gpt.pos_emb, gpt.drop), *blocks, gpt.ln_f,
-              TiedLayerSpec("embed", TokenEmbedding, gpt.tok_emb, gpt.lm_head, forward_fn=project_to_vocabulary,
-                            tied_weight_attr="embedding.weight")]
+    layers = pipeline_layers(gpt, config)
+    parts = stage_layers(layers, dims.pp)
+    mine = {id(p) for layer in layers[parts[dims.pp_rank]:parts[dims.pp_rank + 1]] for p in layer_parameters(layer)}
+    materialize([(n, p) for n, p in named_parameters(gpt) if id(p) in mine], config.model, gpt.seed, dims)
     losses = MicroBatchLosses(gpt.loss_fn)
     topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
     module = PipelineModule(layers, topology=topology, loss_fn=losses, partition_method="parameters")
+    if list(module.parts) != list(parts):  # DeepSpeed partitioned otherwise than stage_layers: a version change
+        raise RuntimeError(f"DeepSpeed cut the stages at {module.parts}, the materialised layers were {parts}")
     return PipelineStage(module.to(dims.device), losses)
 
 
@@ -210,6 +251,10 @@ class PipelineEngine(ZeroEngine):
 
     def describe(self) -> str:
         return f"DeepSpeed pipeline ({self.dims.pp} stages, 1F1B) with ZeRO-1"
+
+    def _moments_saved_elsewhere(self) -> set[int]:
+        # the tied embedding lives on the first stage (layer 0) and is copied to the last one
+        return {id(p) for p in self.model.tied_modules.parameters()} if self.dims.pp_rank > 0 else set()
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return self.stage.named_parameters()

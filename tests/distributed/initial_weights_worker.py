@@ -2,27 +2,36 @@
 under DeepSpeed ZeRO-3 and the pipeline (2 stages, alone and with tensor parallelism), and with sequence
 parallelism (tensor parallel 2 alone, under ZeRO-3 and with the pipeline),
 
-- the model each rank builds is exactly its slice of the single-process model, before and after an engine wraps it;
+- each rank materialises only its share of the model, which was built on the meta device (under a pipeline its
+  stage's parameters, under ZeRO-3 its partitions before the engine starts), and that share is exactly its slice of
+  the single-process model, before and after an engine wraps it;
 - the monitors on those identical weights log the single-process tags, with the same values: spectral norms of the
   gathered matrices exactly; every per-head statistic of layer 0 (whose q and k are bit-identical under any layout)
   to 1e-6, which tells the heads apart, so they must come in global head order; the rest within the rounding of the
   layouts' all-reduces, including the Q-K update spectra, computed by each rank from its own heads' rows.
 
-Prints one line per layout and check; exits 1 on the first mismatch."""
+The weights are compared as a sharded checkpoint of them (launcher/checkpoint.py: each rank saves its shards, the
+logging rank reads them back whole), so the check covers the sharded save of every layout too.
+
+Prints one line per layout and check; exits 1 on the first mismatch. ``python -m tests.distributed.initial_weights_worker
+OUT_DIR`` under torchrun."""
 
 import contextlib
 import math
 import sys
+from pathlib import Path
 
 import torch
 
 from launcher import distributed
-from launcher.checkpoint import gather_training_state
+from launcher.checkpoint import CheckpointStore, training_entries
 from launcher.config import load_config
 from launcher.monitors.monitors import Monitors
 from launcher.parallel import dims as parallel_dims
 from launcher.parallel.build import build_engine
+from launcher.parallel.names import named_parameters
 from launcher.parallelize import parallelize
+from launcher.sharded import read_whole
 from launcher.trainer import build_model
 from model import GPT, build_attention
 
@@ -60,7 +69,29 @@ def disagreements(got: dict[str, float], want: dict[str, float], pipeline: bool 
     return bad
 
 
+def holds_more_than_its_share(model, part, dims, zero_stage) -> str:
+    """What this rank holds beyond its share after parallelize (the model was built on the meta device): under a
+    pipeline every parameter of another stage must still be meta and every one of its own stage real; under ZeRO-3
+    every parameter must already be partitioned (one data-parallel share of its tensor-parallel slice). Empty if
+    all is as it should be."""
+    if dims.pp > 1:
+        stage = {id(p) for _, p in part.named_parameters()}
+        wrong = [n for n, p in named_parameters(model) if (id(p) in stage) == p.is_meta]
+        return f"rank {dims.rank} materialised another stage's parameters or missed its own: {wrong[:3]}" if wrong else ""
+    if zero_stage == 3:
+        whole = [n for n, p in named_parameters(model)
+                 if not hasattr(p, "ds_tensor") or p.ds_tensor.numel() != -(-p.ds_numel // dims.dp)]
+        return f"rank {dims.rank} holds unpartitioned parameters before the engine: {whole[:3]}" if whole else ""
+    return ""
+
+
+def layout_name(tp, pp, zero_stage, sequence_parallel, dp=None) -> str:
+    return f"tp={tp} x dp={dp}" + (f" x pp={pp}" if pp > 1 else "") + (f" zero{zero_stage}" if zero_stage else "") + \
+        (" sp" if sequence_parallel else "")
+
+
 def main() -> int:
+    out = Path(sys.argv[1])  # where each layout's initial weights are saved
     world = distributed.world_size_from_env()
     base = distributed.init("cpu")
     overrides = ["model.vocab_size=2048", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
@@ -68,8 +99,7 @@ def main() -> int:
                  "precision.dtype=fp32", "arms.fixed.attention.fix=dynamic_max"]  # hashes the global head index
     torch.manual_seed(1)  # the trainer must not depend on the global RNG state it finds
     config = load_config("smoke", overrides, arm="fixed", world_size=world)
-    torch.manual_seed(config.run.seed)
-    single = GPT(config.model, build_attention(config.attention, base.device))
+    single = GPT(config.model, build_attention(config.attention, base.device), seed=config.run.seed)
     reference = {n: p.detach().clone() for n, p in single.named_parameters()}
     tokens = torch.randint(0, config.model.vocab_size, (2, 65), generator=torch.Generator().manual_seed(0))
     probe = (tokens[:, :-1], tokens[:, 1:])
@@ -83,12 +113,21 @@ def main() -> int:
         config.parallel.zero_stage, config.parallel.sequence_parallel = zero_stage, sequence_parallel
         dims = parallel_dims.build(config.parallel, world, base.rank, base.local_rank, base.device)
         model, _, _ = build_model(config)
-        engine = build_engine(parallelize(model, config, dims), config, dims)
-        full = gather_training_state(engine, dims)
+        part = parallelize(model, config, dims)
+        problems = [p for p in distributed.gather_objects(holds_more_than_its_share(model, part, dims, zero_stage),
+                                                          dims) if p]
+        engine = build_engine(part, config, dims)
+        # the initial weights as a sharded checkpoint: each rank writes its shards; the logging rank reads them whole
+        written = CheckpointStore(out / layout_name(tp, pp, zero_stage, sequence_parallel).replace(" ", "_")).save(
+            0, training_entries(engine.state_pieces(), dims), dims)
         values = monitor_values(config, engine.model, probe, dims, engine)
         if dims.is_logging_rank:
-            layout = f"tp={tp} x dp={dims.dp}" + (f" x pp={pp}" if pp > 1 else "") + \
-                (f" zero{zero_stage}" if zero_stage else "") + (" sp" if sequence_parallel else "")
+            layout = layout_name(tp, pp, zero_stage, sequence_parallel, dims.dp)
+            full = {"model": {k[len("model/"):]: v for k, v in read_whole(written).items()}}
+            if problems:
+                print(f"{layout}: {problems}", flush=True)
+                return 1
+            print(f"{layout}: each rank materialised its share only", flush=True)
             bad = [n for n, t in reference.items() if not torch.equal(full["model"][n], t)]
             if bad or set(full["model"]) != set(reference):
                 print(f"{layout}: differs from the single-process model in {bad or 'names'}", flush=True)

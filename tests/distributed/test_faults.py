@@ -97,14 +97,15 @@ def test_a_truncated_newest_checkpoint_resumes_from_the_previous_one(common, out
     launch([*common, "run.experiment=truncated"])
     store = CheckpointStore(run_dir(out_dir, "truncated"))
     newest = store.steps()[-1]
-    assert newest.name == f"step_{STEPS:08d}.pt"
-    with open(newest, "r+b") as f:  # e.g. a full disk or a half-copied folder
-        f.truncate(newest.stat().st_size // 3)
+    assert newest.name == f"step_{STEPS:08d}"
+    shard = newest / "__0_0.distcp"
+    with open(shard, "r+b") as f:  # e.g. a full disk or a half-copied folder
+        f.truncate(shard.stat().st_size // 3)
     out = resume_and_compare(common, out_dir, "truncated", straight)
     said = [line for line in out.splitlines() if "damaged" in line]
-    previous = f"step_{STEPS - INTERVAL:08d}.pt"
-    assert len(said) == 1 and re.search(rf"{re.escape(str(newest))} is damaged \(truncated: \d+ of \d+ bytes\); "
-                                        rf"renamed to \*\.damaged, resuming from {previous}", said[0]), out
+    previous = f"step_{STEPS - INTERVAL:08d}"
+    assert len(said) == 1 and re.search(rf"{re.escape(str(newest))} is damaged \(truncated: __0_0.distcp has \d+ of "
+                                        rf"\d+ bytes\); renamed to \*\.damaged, resuming from {previous}", said[0]), out
     assert f"at step {STEPS - INTERVAL}" in out
 
 
@@ -115,7 +116,7 @@ def test_kill_9_during_a_step(common, out_dir, straight):
     proc = start([*common, "run.experiment=killed_in_step"])
     run_until(proc, lambda line: f"step {after:6d}/{STEPS}" in line, lambda: proc.send_signal(signal.SIGKILL))
     newest = CheckpointStore(run_dir(out_dir, "killed_in_step")).latest()
-    assert newest.name == f"step_{after // INTERVAL * INTERVAL:08d}.pt"
+    assert newest.name == f"step_{after // INTERVAL * INTERVAL:08d}"
     resume_and_compare(common, out_dir, "killed_in_step", straight)
 
 
@@ -151,7 +152,7 @@ def test_kill_9_during_a_checkpoint_write(common, out_dir, straight, save):
     folder = run_dir(out_dir, experiment) / "checkpoints"
     assert (folder / f"step_{save * INTERVAL:08d}.tmp").exists()  # the torn write, under its temporary name
     latest = CheckpointStore(folder.parent).latest()
-    assert (latest.name if latest else None) == (f"step_{INTERVAL:08d}.pt" if save == 2 else None)
+    assert (latest.name if latest else None) == (f"step_{INTERVAL:08d}" if save == 2 else None)
     out = resume_and_compare(common, out_dir, experiment, straight)
     if save == 1:
         assert "started over" in out and "the earlier run never saved a checkpoint" in out, out
@@ -182,3 +183,24 @@ def test_kill_9_of_one_worker_of_two(common, out_dir, straight_ddp):
     run_until(proc, lambda line: f"step {after:6d}/{STEPS}" in line,
               lambda: os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL))
     resume_and_compare(common, out_dir, "killed_worker", straight_ddp, nproc=2)
+
+
+def test_kill_9_of_one_worker_during_a_sharded_save(common, out_dir, straight_ddp):
+    """Two processes write their own shards of each checkpoint; rank 1 is killed while both are inside the second
+    save (step 8): the folder is left as step_00000008.tmp, never published, and the rerun resumes both ranks from
+    step 4 to the uninterrupted 2-process losses bit for bit."""
+    experiment = "killed_in_sharded_save"
+    proc = start([*common, f"run.experiment={experiment}"], nproc=2, env_extra={"CHECKPOINT_TEST_PAUSE_S": "3"},
+                 module="tests.paused_save_worker")
+    pauses = []
+
+    def in_second_save(line):
+        if "[checkpoint] test pause" in line:
+            pauses.append(line)
+        return len(pauses) == 3  # each rank pauses once per save: the third pause is in the second save
+
+    run_until(proc, in_second_save, lambda: os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL))
+    folder = run_dir(out_dir, experiment) / "checkpoints"
+    assert (folder / f"step_{2 * INTERVAL:08d}.tmp").is_dir() and not (folder / f"step_{2 * INTERVAL:08d}").exists()
+    assert CheckpointStore(folder.parent).latest().name == f"step_{INTERVAL:08d}"
+    resume_and_compare(common, out_dir, experiment, straight_ddp, nproc=2)

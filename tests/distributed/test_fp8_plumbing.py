@@ -8,6 +8,7 @@ saved and resumed. FP8 numerics and the real TE are covered by tests/gpu."""
 import pytest
 import torch
 
+from launcher.checkpoint import read_whole_checkpoint
 from tests.runs import all_scalars, launch
 
 pytestmark = pytest.mark.distributed
@@ -41,7 +42,7 @@ def test_fused_ffn_trains_like_the_plain_model(setup):
     assert sorted(fused) == list(range(1, STEPS + 1))
     for step, value in plain.items():
         assert abs(fused[step] - value) <= 1e-5 * value, (step, fused[step], value)
-    state = torch.load(out / "single" / "fixed" / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=False)
+    state = read_whole_checkpoint(out / "single" / "fixed" / "checkpoints" / f"step_{STEPS:08d}")
     assert sorted(state["fp8_scaling"]) == ["blocks.0.mlp", "blocks.1.mlp"]
     assert "blocks.1.ln2.weight" in state["model"] and "blocks.1.mlp.fc_in.weight" in state["model"]
 
@@ -64,8 +65,8 @@ def test_layout_with_fp8_trains_like_one_process(setup, name, nproc, layout):
     assert sorted(many) == list(range(1, STEPS + 1))
     for step, value in one.items():
         assert abs(many[step] - value) <= 1e-4 * value, (step, many[step], value)
-    state = torch.load(out / name / "fixed" / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=False)
-    single = torch.load(out / "single" / "fixed" / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=False)
+    state = read_whole_checkpoint(out / name / "fixed" / "checkpoints" / f"step_{STEPS:08d}")
+    single = read_whole_checkpoint(out / "single" / "fixed" / "checkpoints" / f"step_{STEPS:08d}")
     assert sorted(state["fp8_scaling"]) == ["blocks.0.mlp", "blocks.1.mlp"]  # every stage's
     # the history advances once per micro-batch forward: with as many micro-batches per rank as one process (tensor
     # and pipeline layouts) it is the single process's, up to the runs' small drift (losses within 1e-4; a value is a

@@ -16,6 +16,7 @@ import shutil
 import pytest
 import torch
 
+from launcher.checkpoint import read_whole_checkpoint
 from tests.runs import REPO, all_scalars, launch
 
 pytestmark = pytest.mark.distributed
@@ -83,10 +84,8 @@ def layout_run(common, out_dir):
                 # launch fewer
                 launch([*common, *overrides, f"run.experiment={name}_straight", f"run.max_steps={STEPS}"], nproc)
                 straight = all_scalars(run_dir(out_dir, f"{name}_straight"))
-                first_leg = run_dir(out_dir, f"{name}_straight") / "checkpoints" / f"step_{FIRST_LEG:08d}.pt"
-                (run_dir(out_dir, name) / "checkpoints").mkdir(parents=True)
-                for path in (first_leg, first_leg.with_name(first_leg.name + ".sha256")):
-                    shutil.copy(path, run_dir(out_dir, name) / "checkpoints" / path.name)
+                first_leg = run_dir(out_dir, f"{name}_straight") / "checkpoints" / f"step_{FIRST_LEG:08d}"
+                shutil.copytree(first_leg, run_dir(out_dir, name) / "checkpoints" / first_leg.name)
             else:
                 launch([*args, f"run.max_steps={FIRST_LEG}"], nproc)
             out = launch([*args, f"run.max_steps={STEPS}"], nproc).stdout
@@ -180,24 +179,22 @@ def test_resume_within_a_layout_is_exact(layout_run, name):
 
 
 def _adam_moments(path):
-    return torch.load(path, map_location="cpu", weights_only=False)["optimizer"]
+    return read_whole_checkpoint(path)["optimizer"]
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("source, target", [("tp2_dp2_zero2", "single"), ("single", "tp2_dp2"),
-                                            ("tp2_pp2", "tp2_dp2_zero2"), ("tp2_sp", "single"), ("tp2", "tp2_sp")])
+# (that every layout loads a checkpoint of ZeRO-3 or TP2 x PP2 bit for bit: tests/distributed/test_sharded_checkpoints.py)
+@pytest.mark.parametrize("source, target", [("tp2_dp2_zero2", "single"), ("tp2_sp", "single"), ("tp2", "tp2_sp")])
 def test_resume_under_another_layout(reference, layout_run, common, out_dir, source, target):
     """A step-6 checkpoint of one layout resumed under another reaches the same step-10 losses and Adam state."""
     if source in LAYOUTS:
         layout_run(source)  # its checkpoints
     experiment = f"{source}_to_{target}"
-    source_ckpt = run_dir(out_dir, source) / "checkpoints" / f"step_{FIRST_LEG:08d}.pt"
-    (run_dir(out_dir, experiment) / "checkpoints").mkdir(parents=True)
-    for path in (source_ckpt, source_ckpt.with_name(source_ckpt.name + ".sha256")):  # the checkpoint, its checksum
-        shutil.copy(path, run_dir(out_dir, experiment) / "checkpoints" / path.name)
+    source_ckpt = run_dir(out_dir, source) / "checkpoints" / f"step_{FIRST_LEG:08d}"
+    shutil.copytree(source_ckpt, run_dir(out_dir, experiment) / "checkpoints" / source_ckpt.name)
     nproc, overrides = (1, []) if target == "single" else LAYOUTS[target]
     out = launch([*common, *overrides, f"run.experiment={experiment}", f"run.max_steps={STEPS}"], nproc).stdout
     assert f"at step {FIRST_LEG}" in out
@@ -205,7 +202,7 @@ def test_resume_under_another_layout(reference, layout_run, common, out_dir, sou
     assert sorted(losses) == list(range(FIRST_LEG + 1, STEPS + 1))
     for step, value in losses.items():
         assert close(value, reference["train/loss"][step], 1e-4), (step, value, reference["train/loss"][step])
-    final = f"step_{STEPS:08d}.pt"
+    final = f"step_{STEPS:08d}"
     mine = _adam_moments(run_dir(out_dir, experiment) / "checkpoints" / final)
     ref = _adam_moments(run_dir(out_dir, "single") / "checkpoints" / final)
     assert mine["adam_step"] == ref["adam_step"] == STEPS
@@ -217,10 +214,11 @@ def test_resume_under_another_layout(reference, layout_run, common, out_dir, sou
             assert relative_error(mine["state"][name][key], value) < 0.1, (name, key)
 
 
-def test_initial_weights_and_monitors_match_the_single_process_model():
-    out = launch([], nproc=4, module="tests.distributed.initial_weights_worker").stdout
+def test_initial_weights_and_monitors_match_the_single_process_model(tmp_path):
+    out = launch([str(tmp_path)], nproc=4, module="tests.distributed.initial_weights_worker").stdout
     for layout in ("tp=1 x dp=4", "tp=2 x dp=2", "tp=4 x dp=1", "tp=1 x dp=4 zero3", "tp=1 x dp=2 x pp=2",
                    "tp=2 x dp=1 x pp=2", "tp=2 x dp=2 sp", "tp=2 x dp=2 zero3 sp", "tp=2 x dp=1 x pp=2 sp"):
+        assert f"{layout}: each rank materialised its share only" in out, out
         assert f"{layout}: initial weights identical" in out, out
         assert f"{layout}: monitors agree" in out, out
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels import FIXES, ROUNDINGS
+from launcher.checkpoint import read_whole_checkpoint
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import train_arm
@@ -113,7 +114,7 @@ def test_fp8_scaling_state_resumes(tiny_overrides):
                                                "monitor.probe_interval=0"]
     full = train_arm(load_config("smoke", common + ["run.experiment=full"], arm="fixed"),
                      ParallelDims(device=torch.device("cuda", 0)))
-    state = torch.load(full.run_dir / "checkpoints" / "step_00000010.pt", weights_only=False)
+    state = read_whole_checkpoint(full.run_dir / "checkpoints" / "step_00000010")
     history = state["fp8_scaling"]["blocks.1.mlp"]["amax_history_fwd"]
     assert history.shape[0] == 16 and history.abs().sum() > 0
     first = train_arm(load_config("smoke", common + ["run.experiment=cut", "run.max_steps=10"], arm="fixed"),

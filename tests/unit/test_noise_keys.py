@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels.rounding import layer_keys, row_keys
+from launcher.checkpoint import read_whole_checkpoint
 from launcher.config import load_config
 from launcher.data import BatchSchedule
 from launcher.parallel.dims import ParallelDims
@@ -119,7 +120,6 @@ def test_delta_gain_one_trains_bit_identically(tiny_overrides):
                              arm="fixed")
         runs[name] = train_arm(config, ParallelDims()).run_dir
     assert scalars(runs["plain"], "train/loss") == scalars(runs["gain1"], "train/loss") != {}
-    weights = [torch.load(runs[n] / "checkpoints" / "step_00000006.pt", map_location="cpu", weights_only=False)["model"]
-               for n in ("plain", "gain1")]
+    weights = [read_whole_checkpoint(runs[n] / "checkpoints" / "step_00000006")["model"] for n in ("plain", "gain1")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])

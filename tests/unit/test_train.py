@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.checkpoint import CheckpointStore
+from launcher.checkpoint import CheckpointStore, read_whole_checkpoint
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import StopRequested, lr_at, train_arm
@@ -86,7 +86,7 @@ def test_time_limit_saves_and_the_same_command_continues(tiny_overrides):
     first = train_arm(load_config("smoke", common + ["run.experiment=cut", "run.max_minutes=1e-6"]), ParallelDims())
     assert first.status == "interrupted" and first.steps == 1
     assert "run.max_minutes=1e-06 spent at step 1" in first.message
-    assert (first.run_dir / "checkpoints" / "step_00000001.pt").exists()
+    assert (first.run_dir / "checkpoints" / "step_00000001").is_dir()
     rest = train_arm(load_config("smoke", common + ["run.experiment=cut"]), ParallelDims())
     assert rest.status == "completed" and rest.steps == 6
     a, b = scalars(full.run_dir, "train/loss"), scalars(rest.run_dir, "train/loss")
@@ -171,7 +171,7 @@ def test_guard_stops_without_saving_the_bad_state(tiny_overrides, monkeypatch):
                                                     "eval.interval=0", "monitor.spectral_interval=1"])
     result = train_arm(config, ParallelDims())
     assert result.status == "stopped" and "loss is nan" in result.message
-    assert CheckpointStore(result.run_dir).latest().name == "step_00000004.pt"
+    assert CheckpointStore(result.run_dir).latest().name == "step_00000004"
     dump = (result.run_dir / "bad_step_00000005.yaml").read_text()
     assert "spectral/L00/wq" in dump  # the monitors' last values are kept for the post-mortem
     assert scalars(result.run_dir, "guard/bad_steps") == {5: 1.0}
@@ -187,7 +187,7 @@ def test_guard_skip_drops_the_update_and_goes_on(tiny_overrides, monkeypatch, ba
     assert bad_step not in losses and all(math.isfinite(v) for v in losses.values())
     assert scalars(result.run_dir, "guard/bad_steps") == {bad_step: 1.0}
     # a skipped last step still ends with the final checkpoint (of the last good state)
-    assert CheckpointStore(result.run_dir).latest().name == "step_00000006.pt"
+    assert CheckpointStore(result.run_dir).latest().name == "step_00000006"
 
 
 def test_activation_checkpointing_changes_no_bit(tiny_overrides):
@@ -201,5 +201,5 @@ def test_activation_checkpointing_changes_no_bit(tiny_overrides):
         runs[on] = train_arm(config, ParallelDims()).run_dir
     for tag in ("train/loss", "spectral/L01/wq", "attn/L01/tie_rate"):
         assert scalars(runs[True], tag) == scalars(runs[False], tag) != {}
-    ckpt = torch.load(runs[True] / "checkpoints" / "step_00000006.pt", map_location="cpu", weights_only=False)
+    ckpt = read_whole_checkpoint(runs[True] / "checkpoints" / "step_00000006")
     assert "blocks.0.attn.q_proj.weight" in ckpt["model"]

@@ -72,12 +72,13 @@ def test_a_fresh_start_in_a_used_folder_needs_overwrite(tiny_overrides, tmp_path
     assert cli(*args).returncode == 0
     out = one_line_error(cli(*args, "checkpoint.resume=false"))
     assert "set run.overwrite=true" in out
-    final = tmp_path / "runs" / "smoke" / "baseline" / "checkpoints" / "step_00000006.pt"
-    with open(final, "r+b") as f:  # the only checkpoint, damaged: still an earlier run that only overwrite removes
-        f.truncate(100)
+    final = tmp_path / "runs" / "smoke" / "baseline" / "checkpoints" / "step_00000006"
+    with open(final / "__0_0.distcp", "r+b") as f:  # the only checkpoint, damaged: still an earlier run that only
+        f.truncate(100)                             # overwrite removes
     assert "set run.overwrite=true" in one_line_error(cli(*args, "checkpoint.resume=false"))
     out = one_line_error(cli(*args))
-    assert "no intact checkpoint to resume" in out and "step_00000006.pt is damaged (truncated: 100 of" in out, out
+    assert "no intact checkpoint to resume" in out and \
+        "step_00000006 is damaged (truncated: __0_0.distcp has 100 of" in out, out
     assert final.with_name(final.name + ".damaged").exists()  # kept for inspection
     assert "set run.overwrite=true" in one_line_error(cli(*args, "checkpoint.resume=false"))  # also once renamed
     proc = cli(*args, "checkpoint.resume=false", "run.overwrite=true", "run.max_steps=3", "optim.decay_steps=6")
@@ -91,11 +92,12 @@ def test_a_run_killed_inside_its_first_save_starts_over(tmp_path):
     run-file patterns; it once was listed twice and the second delete failed (CI, 2026-12-01)."""
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    leftovers = [folder / "step_00000004.tmp", folder / "step_00000004.pt.sha256.tmp", tmp_path / "batch_offsets.bin"]
-    for path in leftovers:
-        path.write_bytes(b"partial")
+    leftovers = [folder / "step_00000004.tmp", tmp_path / "batch_offsets.bin"]
+    leftovers[0].mkdir()
+    (leftovers[0] / "__0_0.distcp").write_bytes(b"partial")
+    leftovers[1].write_bytes(b"partial")
     message = start_fresh_or_resume(tmp_path, latest=None, resume=True, overwrite=False)
-    assert "removed 3 file(s)" in message
+    assert "removed 2 file(s)" in message
     assert not any(path.exists() for path in leftovers)
 
 
