@@ -172,7 +172,13 @@ class MonitorConfig:
     power_tolerance: float = 1e-4
     """Keep iterating (up to 8x power_iterations) while the estimate still rises by more than this per step."""
     delta_bias_layers: Optional[list[int]] = None
-    """Layers whose delta bias is measured; null means all layers."""
+    """Layers whose delta bias is measured; null means the first four (0-3: the paper's failure is in layer 1). Each
+    keeps a d_model x d_model FP32 state on its GPU and in every checkpoint, and its probe pass an FP64 T x T
+    attention per head: list more layers only when the model is small."""
+    head_layers: Optional[list[int]] = None
+    """Layers whose per-head tags are logged (spectral/Lxx/wq/hyy and wk, attn/Lxx/hyy/*, delta_bias/Lxx/hyy/*,
+    qk_update/Lxx/hyy/*, qk_act/Lxx/hyy/*); the other layers log their layer-wide tags only, which bounds the scalars
+    per monitor step. null means the delta-bias layers; warning_layer is always one of them."""
     qk_update: bool = True
     """At every spectral call, the spectral entropy, stable rank and norm of the update of each head's query-key
     product W_Q,h^T W_K,h since the previous call, its first- and second-order terms apart (tags qk_update/...;
@@ -235,6 +241,29 @@ class MonitorConfig:
     switch_fix_to: str = "fp32_output"
     """The attention.fix on_warning=switch_fix switches to (fp32_output: delta from an FP32 copy of O, the fix with
     the widest measured margin, docs/results.md)."""
+
+    def delta_layers(self, n_layer: int) -> list[int]:
+        """The layers whose delta bias is measured (delta_bias_layers, with null resolved)."""
+        return sorted(set(range(min(4, n_layer)) if self.delta_bias_layers is None else self.delta_bias_layers))
+
+    def per_head_layers(self, n_layer: int) -> list[int]:
+        """The layers whose per-head tags are logged (head_layers, with null resolved; warning_layer always, the
+        early warning reads its per-head values)."""
+        chosen = self.delta_layers(n_layer) if self.head_layers is None else self.head_layers
+        return sorted(set(chosen) | ({self.warning_layer} & set(range(n_layer))))
+
+
+@dataclass
+class DistributedConfig:
+    """Process groups and what happens when one of them hangs."""
+
+    timeout_minutes: float = 10.0
+    """A collective that waits longer than this (a dead, hung or far slower rank) ends the run with an error instead
+    of hanging it; raise it if a checkpoint of a very large model takes longer on a slow file system."""
+    flight_recorder_entries: int = 2000
+    """NCCL's flight recorder: each process keeps its last N collectives (which group, which op, sizes, state) and
+    writes them to <run.out_dir>/<experiment>/flight_recorder/rank_<r> when a collective times out, which names the
+    rank and the collective a hang waits on (docs/training.md, "Hangs"); 0 turns it off. NCCL only."""
 
 
 @dataclass
@@ -322,6 +351,8 @@ class Config:
     """Bad-step guards."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Collective timeout and hang diagnostics."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run identity and length."""
     arms: dict[str, dict] = field(default_factory=dict)
@@ -745,9 +776,13 @@ def config_problems(config: Config, world_size: Optional[int] = None, attention_
             or mon.power_tolerance < 0:
         problems.append("monitor intervals and power_tolerance must be >= 0, probe_batch_size and power_iterations > 0")
     problems += monitor_problems(config)
-    for layer in mon.delta_bias_layers or []:
-        if not 0 <= layer < m.n_layer:
-            problems.append(f"monitor.delta_bias_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
+    if config.distributed.timeout_minutes <= 0 or config.distributed.flight_recorder_entries < 0:
+        problems.append("distributed.timeout_minutes must be > 0 and distributed.flight_recorder_entries >= 0 "
+                        "(0 turns the flight recorder off)")
+    for name in ("delta_bias_layers", "head_layers"):
+        for layer in getattr(mon, name) or []:
+            if not 0 <= layer < m.n_layer:
+                problems.append(f"monitor.{name} has layer {layer}; layers are 0..{m.n_layer - 1}")
     for name in (r.experiment, r.arm):
         if not name or any(c in name for c in "/\\ ") or name.startswith("."):
             problems.append(f"run name {name!r} must be a plain folder name (no slashes or spaces)")
@@ -784,7 +819,7 @@ def monitor_problems(config: Config) -> list[str]:
             problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads {switch} of layer {layer}, which "
                             f"is off; set {switch}=true with its interval > 0 and monitor.warning_layer in "
                             f"monitor.qk_layers, or monitor.warning_{signal}=0")
-    delta_on = mon.probe_interval > 0 and (mon.delta_bias_layers is None or layer in mon.delta_bias_layers)
+    delta_on = mon.probe_interval > 0 and layer in mon.delta_layers(m.n_layer)
     for signal in ("dwq_cos", "delta_persistence"):
         if thresholds[signal] > 0 and not delta_on:
             problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads the delta bias of layer {layer}, "
@@ -990,7 +1025,7 @@ def layout_problems(config: Config, world_size: int) -> list[str]:
 SAFE_CHANGES = (
     "run.max_steps", "run.max_minutes", "run.log_interval", "run.out_dir", "run.experiment", "run.arm",
     "run.compile", "run.peak_tflops", "eval.interval", "monitor.spectral_interval", "monitor.probe_interval",
-    "checkpoint.interval", "checkpoint.enabled", "data.micro_batch_size", "parallel.*", "arms",
+    "checkpoint.interval", "checkpoint.enabled", "data.micro_batch_size", "parallel.*", "distributed.*", "arms",
     "monitor.on_warning", "monitor.switch_fix_to",
 )
 """Fields a resumed run may change without run.allow_changes: they say how long to train, how often to log, evaluate,

@@ -187,7 +187,7 @@ def _stage_plan(config: Config, s: int, blocks: list[int], n: int, first: bool, 
     plan.recompute = per_layer + copies
     plan.in_flight = min(pp - s, accumulation) if pp > 1 else 1
     plan.checkpoint_write = 12 * n / dp  # parameters and both moments, deduplicated over data parallel
-    plan.monitor_state, plan.monitor_working = monitor_bytes(config, blocks, tp)
+    plan.monitor_state, plan.monitor_working = monitor_bytes(config, blocks, tp, zero == 3)
     usable = (gpu_bytes - CONTEXT_BYTES) * (1 - FRAGMENTATION)
     for checkpointing in (False, True):
         plan.largest_micro_batch[checkpointing] = largest_micro_batch(config, plan, checkpointing, usable, tokens)
@@ -205,22 +205,31 @@ def largest_micro_batch(config: Config, plan: StagePlan, checkpointing: bool, us
     return max(0, int(room // (plan.in_flight * per_sequence + transient)))
 
 
-def monitor_bytes(config: Config, blocks: list[int], tp: int) -> tuple[float, float]:
-    """(persistent, working) bytes of the monitors on a rank holding ``blocks``: the power-iteration vectors and
-    the delta-bias state of its layers; at a monitor step, the largest weight matrix gathered (FP32) and the probe
-    pass with the delta bias's FP64 exact attention of one layer."""
+def monitor_bytes(config: Config, blocks: list[int], tp: int, zero3: bool) -> tuple[float, float]:
+    """(persistent, working) bytes of the monitors on a rank holding ``blocks`` (launcher/monitors/monitors.py, one
+    layer at a time): the power-iteration vectors of its layers (replicated for column-parallel weights, split for
+    row-parallel ones; its heads' for the per-head layers), the delta-bias state of its heads and the Q-K update's
+    copy of its watched layers' W_Q and W_K; at a monitor step
+    the largest of: a weight's fresh start (a d x d Gram matrix and its eigendecomposition; under ZeRO-3 the weight
+    gathered), the probe's scores of one layer (FP32, this rank's heads), the delta bias's FP64 exact attention of
+    one layer."""
     m, mon = config.model, config.monitor
     if not (mon.spectral_interval or mon.probe_interval):
         return 0.0, 0.0
-    h, heads = m.d_model, m.n_head
-    vectors = len(blocks) * (4 * h + h + m.ffn_mult * h + 2 * heads * h + 2 * h) * 4
-    delta_layers = [i for i in (mon.delta_bias_layers if mon.delta_bias_layers is not None else range(m.n_layer))
-                    if i in blocks]
-    state = len(delta_layers) * (heads / tp) * (h // heads) * h * 4
-    biggest = m.ffn_mult * h * h * 4 / tp
+    h, f, heads = m.d_model, m.ffn_mult * m.d_model, m.n_head / tp
+    per_head = set(mon.per_head_layers(m.n_layer))
+    vectors = sum((3 * h + h / tp + h + f / tp) + (2 * heads * h if i in per_head else 0) + h + h / tp
+                  for i in blocks) * 4
+    delta_layers = [i for i in mon.delta_layers(m.n_layer) if i in blocks]
+    state = len(delta_layers) * (heads * (h // m.n_head) * h * 4 + heads * 8)
+    if mon.qk_update and mon.spectral_interval:  # the Q-K update's copy of W_Q and W_K of its layers
+        qk_layers = range(m.n_layer) if mon.qk_layers is None else mon.qk_layers
+        state += sum(i in blocks for i in qk_layers) * 8 * h * h / tp
     b, t = mon.probe_batch_size, config.data.seq_len
-    exact = b * (heads / tp) * t * t * 8 * 2 if delta_layers else 0  # P in FP64, and its product with K
-    return vectors + state, biggest + exact
+    spectral = 3 * 4 * h * h + (4 * f * h / tp if zero3 else 0)
+    probe = 2 * 4 * b * heads * t * t if mon.probe_interval else 0
+    delta = 2 * 8 * b * heads * t * t if delta_layers and mon.probe_interval else 0
+    return vectors + state, max(spectral if mon.spectral_interval else 0, probe, delta)
 
 
 def describe(config: Config, world: int, plans: list[StagePlan], gpu_gib: float) -> str:
@@ -269,7 +278,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         probe = load_config(args.recipe, args.overrides)
         world = args.world or probe.parallel.tensor_parallel * probe.parallel.pipeline_parallel
-        config = load_config(args.recipe, args.overrides, arm=_widest_arm(args.recipe, args.overrides), world_size=world)
+        config = load_config(args.recipe, args.overrides, arm=_widest_arm(args.recipe, args.overrides),
+                             world_size=world)
         if not config.model.vocab_size:
             raise ConfigError("set model.vocab_size (this recipe takes it from its data; the plan reads no data)")
         plans = plan(config, world, args.gpu_gib * GIB)

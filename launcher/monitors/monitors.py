@@ -13,13 +13,18 @@ scores of a few probe tokens, on ``monitor.qk_layers`` (qk_update.py). Each rank
 heads it owns (no gather of W_Q or W_K) and the per-head values are gathered like the other per-head statistics.
 
 Both also run at step 1. Tag names come from tags.py. An interval of 0 disables that part; ``delta_bias_layers: []``
-disables the delta-bias monitor alone.
+disables the delta-bias monitor alone. Per-head tags are logged for ``monitor.head_layers`` only (by default the
+delta-bias layers and the warning layer), layer-wide tags for every layer, so the scalars per monitor step stay
+bounded at any depth (docs/monitoring.md, "At scale").
 
-Under tensor parallelism the tags and values are those of the single-device model: spectral norms are taken of the
-full matrices (the ranks' slices are gathered at the monitor interval); each rank computes the per-head statistics
-(tie rate, max logit, entropy, delta bias) of the heads it owns, and the per-head values are gathered in global head
-order. The ranks that compute are those of the logging rank's tensor-parallel group (all ranks under ZeRO-3, whose
-parameters only exist gathered over data parallel); only the logging rank writes.
+Everything works one layer at a time, so the working set is one layer's share, whatever the model's size. Under
+tensor parallelism the tags and values are those of the single-device model: spectral norms of the full matrices,
+computed from the ranks' slices without gathering them (a power iteration whose products are all-reduced,
+spectral.py); under ZeRO-3 one matrix at a time is gathered over data parallel. Each rank computes the per-head
+statistics (per-head spectral norms, tie rate, max logit, entropy, delta bias) of the heads it owns, and the per-head
+values are gathered in global head order. The ranks that compute are those of the logging rank's tensor-parallel
+group (all ranks under ZeRO-3, whose parameters only exist gathered over data parallel); only the logging rank
+writes.
 
 Under pipeline parallelism every stage computes the monitors of its own layers (the probe batch flows through the
 pipeline, forward and back, see probe.py) and sends its values to the logging rank, which writes the same global tag
@@ -29,6 +34,7 @@ names as one process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Callable, Optional
 
@@ -145,10 +151,10 @@ class Monitors:
         self.head_dim = first.attn.head_dim
         self.spectral_interval = mon.spectral_interval
         self.probe_interval = mon.probe_interval
-        layers = mon.delta_bias_layers
-        wanted = list(range(self.n_layer)) if layers is None else sorted(set(layers))
+        wanted = mon.delta_layers(self.n_layer)
         self.any_delta = bool(wanted)  # under a pipeline, every stage takes part in the backward then
         self.delta_layers = [i for i in wanted if i in self.layers]
+        self.head_layers = set(mon.per_head_layers(self.n_layer))  # the others log layer-wide tags only
         self.tracker = SpectralTracker(mon.power_iterations, tol=mon.power_tolerance)
         qk_layers = range(self.n_layer) if mon.qk_layers is None else sorted(set(mon.qk_layers))
         self.qk_layers = [i for i in qk_layers if i in self.layers]
@@ -220,8 +226,8 @@ class Monitors:
     def state_dict(self) -> dict:
         """This rank's part of the persistent state, as checkpoint entries (launcher/checkpoint.py; local, nothing is
         gathered): the running delta-bias sums and last dW_Q error matrices of this rank's layers as its heads'
-        chunks of all-head tensors; the power-iteration vectors of this stage's layers, under the layers they cover,
-        from the stage's first rank (another layout starts those batches afresh); the rest from the logging rank."""
+        chunks of all-head tensors; the power-iteration vectors of this rank's layers and tensor-parallel part,
+        under the layers and part they cover (another layout starts them afresh); the rest from the logging rank."""
         if not self.active:
             return {}
         entries = {}
@@ -232,7 +238,7 @@ class Monitors:
         for i, pair in (self.qk_update.previous if self.qk_update else {}).items():
             for kind, blocks in zip(("qk_previous_q", "qk_previous_k"), pair):
                 entries[head_entry(kind, i)] = self._heads_chunk(blocks)
-        if self.dims.dp_rank == 0 and self.dims.tp_rank == 0:
+        if self.dims.dp_rank == 0:
             entries[spectral_entry(self._stage_key())] = self.tracker.state_dict()
         if self.dims.is_logging_rank:
             entries[RUN_ENTRY] = {"version": STATE_VERSION, "overhead_s": self._overhead_s,
@@ -269,7 +275,8 @@ class Monitors:
         return wanted
 
     def _stage_key(self) -> str:
-        return ",".join(map(str, self.layer_ids))
+        """The layers this rank's vectors cover and its part of them (split weights keep split vectors)."""
+        return ",".join(map(str, self.layer_ids)) + f"/tp{self.dims.tp_rank}of{self.dims.tp}"
 
     def _gather_stages(self, obj) -> Optional[list]:
         """``obj`` of every pipeline stage, in stage order, on the logging rank (None on the others and without a
@@ -355,33 +362,44 @@ class Monitors:
         """This rank's per-head tensor (heads first) extended to all heads of the model, in global order."""
         return gather_full(t, Shard(0, self.dims.tp), self.dims)
 
-    def _full_weight(self, module: torch.nn.Module) -> torch.Tensor:
-        """The full FP32 weight of a (possibly tensor-split, possibly ZeRO-3-partitioned) linear layer."""
-        weight = module.weight
-        context = self.engine.gathered([weight]) if self.engine is not None else contextlib.nullcontext()
-        with context:
-            return gather_full(weight.detach().float(), shard_of(weight), self.dims)
+    def _weight(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Context giving this rank's FP32 slice of a linear layer's weight (ZeRO-3: gathered over data parallel for
+        the duration, this one matrix only)."""
+
+        @contextlib.contextmanager
+        def slice_of():
+            weight = module.weight
+            with self.engine.gathered([weight]) if self.engine is not None else contextlib.nullcontext():
+                yield weight.detach().float()
+
+        return slice_of()
+
+    def _split(self, module: torch.nn.Module) -> tuple[Optional[int], Optional[object]]:
+        """(which dimension of a (1, m, n) batch this rank holds part of, the group holding the rest) of a weight."""
+        shard = shard_of(module.weight)
+        if shard is None or self.dims.tp == 1:
+            return None, None
+        return shard.dim + 1, self.dims.tp_group
 
     @torch.no_grad()
     def _spectral(self) -> dict[str, float]:
-        blocks = [self.layers[i] for i in self.layer_ids]
+        """One matrix at a time, never gathered over tensor parallelism (launcher/monitors/spectral.py): the working
+        set is one weight's slice (and a d x d Gram matrix at a fresh start)."""
         values = _Values()
-        names = list(tags.WEIGHTS)
-        square = torch.stack([self._full_weight(getattr(b.attn, m))
-                              for b in blocks for m in ("q_proj", "k_proj", "v_proj", "out_proj")])
-        sq = self.tracker("attn", square).view(len(blocks), 4)
-        fc_in = self.tracker("fc_in", torch.stack([self._full_weight(b.mlp.fc_in) for b in blocks]))
-        fc_out = self.tracker("fc_out", torch.stack([self._full_weight(b.mlp.fc_out) for b in blocks]))
-        d = square.shape[-1]
-        qk_heads = square.view(len(blocks), 4, d, d)[:, :2].reshape(-1, self.head_dim, d)
-        heads = self.tracker("heads_qk", qk_heads).view(len(blocks), 2, self.n_head)
-        for n, i in enumerate(self.layer_ids):
-            for j, w in enumerate(names[:4]):
-                values.add(tags.spectral(i, w), sq[n, j])
-            values.add(tags.spectral(i, "fc_in"), fc_in[n])
-            values.add(tags.spectral(i, "fc_out"), fc_out[n])
-            for j, w in enumerate(tags.PER_HEAD_WEIGHTS):
-                values.add_heads(lambda h, i=i, w=w: tags.spectral(i, w, h), heads[n, j])
+        heads: dict = {}
+        for i in self.layer_ids:
+            block = self.layers[i]
+            for name, path in tags.WEIGHTS.items():
+                module = functools.reduce(getattr, path.split("."), block)  # (through checkpoint wrappers, FP8 views)
+                split, group = self._split(module)
+                with self._weight(module) as weight:
+                    values.add(tags.spectral(i, name), self.tracker(f"L{i}/{name}", weight[None], split, group)[0])
+                    if name in tags.PER_HEAD_WEIGHTS and i in self.head_layers:
+                        # this rank's heads: row blocks of its (column-parallel) slice, no communication
+                        blocks = weight.view(self.local_heads, self.head_dim, -1)
+                        heads[(i, name)] = self.tracker(f"L{i}/{name}/heads", blocks)
+        for (i, name), per_head in self._gather_heads(heads).items():
+            values.add_heads(lambda h, i=i, name=name: tags.spectral(i, name, h), per_head)
         return values.to_dict()
 
     def _local_weight(self, module: torch.nn.Module) -> torch.Tensor:
@@ -412,8 +430,9 @@ class Monitors:
             layer = {stat: per_head[(i, stat)] for stat in tags.QK_UPDATE_STATS}
             for stat, value in layer_aggregates(layer).items():
                 values.add(tags.qk_update(i, stat), value)
-            for stat, value in layer.items():
-                values.add_heads(lambda h, i=i, stat=stat: tags.qk_update(i, stat, h), value)
+            if i in self.head_layers:
+                for stat, value in layer.items():
+                    values.add_heads(lambda h, i=i, stat=stat: tags.qk_update(i, stat, h), value)
         return values.to_dict()
 
     def _gather_heads(self, local: dict) -> dict:
@@ -432,37 +451,41 @@ class Monitors:
         with side_pass(self.model):
             probe = self._probe_pass(delta_layers)
         values = _Values()
-        ids = self.layer_ids
         with torch.no_grad():
-            xs = torch.stack([probe.layers[i].x.float().flatten(0, -2) for i in ids])
-            # O of all heads: (B, H, T, hd) -> (B*T, H*hd), as the single-device model's out_proj input
-            outs = torch.stack([gather_full(probe.layers[i].o.float(), Shard(1, self.dims.tp), self.dims)
-                                .transpose(1, 2).flatten(2).flatten(0, 1) for i in ids])
-            rows = xs.shape[1] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
-            x_sv, o_sv = self.tracker("act_x", xs) / rows, self.tracker("act_o", outs) / rows
             local = {}
-            for i in ids:
+            for i in self.layer_ids:  # one layer at a time
                 cap = probe.layers[i]
+                x = cap.x.float().flatten(0, -2)  # (B*T, d), the same on every tensor-parallel rank
+                # this rank's heads of O as columns of the single-device model's out_proj input (B*T, H*hd): split
+                # over the group like a row-parallel weight's columns, its norms formed without gathering it
+                o = cap.o.float().transpose(1, 2).flatten(2).flatten(0, 1)
+                split = (2, self.dims.tp_group) if self.dims.tp > 1 else (None, None)
+                o_sq = o.square().sum()
+                if self.dims.tp > 1:
+                    dist.all_reduce(o_sq, group=self.dims.tp_group)
+                rows = x.shape[0] ** 0.5  # top singular values are divided by sqrt(rows) to compare with the RMS
+                values.add(tags.act(i, "x_rms"), x.pow(2).mean().sqrt())
+                values.add(tags.act(i, "x_sv"), self.tracker(f"L{i}/act_x", x[None])[0] / rows)
+                values.add(tags.act(i, "o_rms"), (o_sq / (o.numel() * self.dims.tp)).sqrt())
+                values.add(tags.act(i, "o_sv"), self.tracker(f"L{i}/act_o", o[None], *split)[0] / rows)
                 s = scores(kernel_inputs(cap.q, self.backend), kernel_inputs(cap.k, self.backend), self.rounding)
                 local.update({(i, stat): v for stat, v in head_stats(s, self.eps, self.tie_tile).items()})
                 del s
                 if self.qk_positions is not None and i in self.qk_layers:
                     local[(i, "qk_act")] = activation_entropy(cap.q, cap.k, self.qk_positions)
             per_head = self._gather_heads(local)
-            for n, i in enumerate(ids):
-                values.add(tags.act(i, "x_rms"), xs[n].pow(2).mean().sqrt())
-                values.add(tags.act(i, "x_sv"), x_sv[n])
-                values.add(tags.act(i, "o_rms"), outs[n].pow(2).mean().sqrt())
-                values.add(tags.act(i, "o_sv"), o_sv[n])
+            for i in self.layer_ids:
                 layer = {stat: per_head[(i, stat)] for stat in tags.ATTN_STATS}
                 for stat, value in layer_stats(layer).items():
                     values.add(tags.attn(i, stat), value)
-                for stat, value in layer.items():
-                    values.add_heads(lambda h, i=i, stat=stat: tags.attn(i, stat, h), value)
+                if i in self.head_layers:
+                    for stat, value in layer.items():
+                        values.add_heads(lambda h, i=i, stat=stat: tags.attn(i, stat, h), value)
                 if (i, "qk_act") in per_head:
                     entropy = per_head[(i, "qk_act")]
                     values.add(tags.qk_act(i, "entropy"), entropy.nanmean())
-                    values.add_heads(lambda h, i=i: tags.qk_act(i, "entropy", h), entropy)
+                    if i in self.head_layers:
+                        values.add_heads(lambda h, i=i: tags.qk_act(i, "entropy", h), entropy)
         result = values.to_dict()
         if delta_layers:
             start = self._clock(device)
@@ -509,11 +532,15 @@ class Monitors:
         per_head = self._gather_heads(local)
         values = _Values()
         for i in self.delta_layers:
+            heads = i in self.head_layers
             for stat in ("sum", "cum"):
                 values.add(tags.delta_bias(i, stat), per_head[(i, stat)].sum())
-                values.add_heads(lambda h, i=i, stat=stat: tags.delta_bias(i, stat, h), per_head[(i, stat)])
+                if heads:
+                    values.add_heads(lambda h, i=i, stat=stat: tags.delta_bias(i, stat, h), per_head[(i, stat)])
             if (i, "dot") in per_head:
                 dot, err_sq, prev_sq = (per_head[(i, p)] for p in ("dot", "error_sq", "previous_sq"))
                 values.add(tags.delta_bias(i, "dwq_cos"), cosine_from_parts(dot.sum(), err_sq.sum(), prev_sq.sum()))
-                values.add_heads(lambda h, i=i: tags.delta_bias(i, "dwq_cos", h), cosine_from_parts(dot, err_sq, prev_sq))
+                if heads:
+                    values.add_heads(lambda h, i=i: tags.delta_bias(i, "dwq_cos", h),
+                                     cosine_from_parts(dot, err_sq, prev_sq))
         return values.to_dict()

@@ -5,16 +5,17 @@ parallelism (tensor parallel 2 alone, under ZeRO-3 and with the pipeline),
 - each rank materialises only its share of the model, which was built on the meta device (under a pipeline its
   stage's parameters, under ZeRO-3 its partitions before the engine starts), and that share is exactly its slice of
   the single-process model, before and after an engine wraps it;
-- the monitors on those identical weights log the single-process tags, with the same values: spectral norms of the
-  gathered matrices exactly; every per-head statistic of layer 0 (whose q and k are bit-identical under any layout)
-  to 1e-6, which tells the heads apart, so they must come in global head order; the rest within the rounding of the
-  layouts' all-reduces, including the Q-K update spectra, computed by each rank from its own heads' rows.
+- the monitors on those identical weights log the single-process tags, with the same values: spectral norms exactly
+  (to 2e-6 under tensor parallelism, whose slices' products are summed over the ranks); every per-head statistic of
+  layer 0 (whose q and k are bit-identical under any layout) to 1e-6, which tells the heads apart, so they must come
+  in global head order; the rest within the rounding of the layouts' all-reduces, including the Q-K update spectra,
+  computed by each rank from its own heads' rows.
 
 The weights are compared as a sharded checkpoint of them (launcher/checkpoint.py: each rank saves its shards, the
 logging rank reads them back whole), so the check covers the sharded save of every layout too.
 
-Prints one line per layout and check; exits 1 on the first mismatch. ``python -m tests.distributed.initial_weights_worker
-OUT_DIR`` under torchrun."""
+Prints one line per layout and check; exits 1 on the first mismatch.
+``python -m tests.distributed.initial_weights_worker OUT_DIR`` under torchrun."""
 
 import contextlib
 import math
@@ -49,12 +50,17 @@ def monitor_values(config, model, probe, dims=None, engine=None) -> dict[str, fl
     return {k: v for k, v in values.items() if not k.startswith("monitor/")}
 
 
-def disagreements(got: dict[str, float], want: dict[str, float], pipeline: bool = False) -> list[str]:
+def disagreements(got: dict[str, float], want: dict[str, float], pipeline: bool = False, split: bool = False
+                  ) -> list[str]:
     if set(got) != set(want):
         return sorted(set(got) ^ set(want))[:5]
     bad = []
     for tag, value in want.items():
-        if tag.startswith("spectral/") and pipeline:
+        if tag.startswith("spectral/") and split:
+            # tensor-parallel slices are never gathered: their Gram matrices and products are summed over the ranks
+            # (launcher/monitors/spectral.py), in another order than one process's sums; seen up to 6e-7 relative
+            ok = math.isclose(got[tag], value, rel_tol=2e-6)
+        elif tag.startswith("spectral/") and pipeline:
             # seen under the pipeline: fc_in's norm 1 float32 ulp (1.3e-7 relative) apart on identical weights, a
             # difference in the order of the Gram product's sums that is not yet explained; 1e-6 is a few ulps
             ok = math.isclose(got[tag], value, rel_tol=1e-6)
@@ -77,7 +83,8 @@ def holds_more_than_its_share(model, part, dims, zero_stage) -> str:
     if dims.pp > 1:
         stage = {id(p) for _, p in part.named_parameters()}
         wrong = [n for n, p in named_parameters(model) if (id(p) in stage) == p.is_meta]
-        return f"rank {dims.rank} materialised another stage's parameters or missed its own: {wrong[:3]}" if wrong else ""
+        return f"rank {dims.rank} materialised another stage's parameters or missed its own: {wrong[:3]}" \
+            if wrong else ""
     if zero_stage == 3:
         whole = [n for n, p in named_parameters(model)
                  if not hasattr(p, "ds_tensor") or p.ds_tensor.numel() != -(-p.ds_numel // dims.dp)]
@@ -133,7 +140,7 @@ def main() -> int:
                 print(f"{layout}: differs from the single-process model in {bad or 'names'}", flush=True)
                 return 1
             print(f"{layout}: initial weights identical to the single-process model", flush=True)
-            bad = disagreements(values, expected, pipeline=pp > 1)
+            bad = disagreements(values, expected, pipeline=pp > 1, split=tp > 1)
             if bad:
                 print(f"{layout}: monitors differ: {bad[:5]}", flush=True)
                 return 1
