@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from launcher.config import ConfigError, ParallelConfig
+from launcher.config import ConfigError, DistributedConfig, ParallelConfig
 from launcher.parallel import dims as parallel_dims
 from launcher.parallel.dims import ParallelDims
 
@@ -32,21 +33,47 @@ def world_size_from_env() -> int:
 
 
 def resolve_device(requested: str, local_rank: int) -> torch.device:
+    """This process's device: its node-local rank's GPU among those it sees, or, where the site binds one GPU to
+    each task (CUDA_VISIBLE_DEVICES naming one device: srun --gpus-per-task=1, --gpu-bind=single:1), that one."""
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ConfigError("run.device=cuda but no CUDA GPU is visible; use run.device=cpu or auto")
-        if local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); start at "
-                              "most one process per GPU on each node")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        visible = torch.cuda.device_count()
+        index = 0 if visible == 1 else local_rank
+        if index >= visible:
+            raise ConfigError(f"local rank {local_rank} has no GPU ({visible} visible); start at most one process "
+                              "per GPU on each node")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
-def init(requested_device: str = "auto", parallel: ParallelConfig | None = None) -> ParallelDims:
+def prepare_environment(parallel: ParallelConfig) -> None:
+    """Settings that must be in the environment before CUDA starts: the overlapped tensor-parallel gradient
+    reduction (parallel.tp_async_grad_reduce) issues its all-reduce before the weight-gradient product, and only one
+    hardware queue per device (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it) makes the GPU run them in that
+    order; elsewhere it would serialise other overlaps (ZeRO's), so it is set only then, and never over a value the
+    environment has."""
+    if parallel.tensor_parallel > 1 and parallel.tp_async_grad_reduce:
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+
+
+def flight_recorder_env(entries: int, dump_dir: Path) -> dict[str, str]:
+    """The environment of NCCL's flight recorder (its current and earlier names): the last ``entries`` collectives
+    kept per process, written to ``dump_dir``/rank_<r> when a collective times out."""
+    prefix = str(dump_dir / "rank_")
+    return {"TORCH_FR_BUFFER_SIZE": str(entries), "TORCH_NCCL_TRACE_BUFFER_SIZE": str(entries),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": prefix,
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+
+
+def init(requested_device: str = "auto", parallel: ParallelConfig | None = None,
+         settings: DistributedConfig | None = None, dump_dir: Path | None = None) -> ParallelDims:
     """Initialise torch.distributed from env:// when launched with several processes (gloo on CPU, NCCL on GPU),
-    and create the groups of the parallel layout."""
+    and create the groups of the parallel layout. ``settings``: the collective timeout and the flight recorder,
+    whose dumps go to ``dump_dir`` (each variable only where the environment does not set it already)."""
     _env_from_slurm()
+    settings = settings or DistributedConfig()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -54,7 +81,12 @@ def init(requested_device: str = "auto", parallel: ParallelConfig | None = None)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, init_method="env://", timeout=datetime.timedelta(minutes=10), **kwargs)
+        if backend == "nccl" and settings.flight_recorder_entries and dump_dir is not None:
+            dump_dir.mkdir(parents=True, exist_ok=True)
+            for key, value in flight_recorder_env(settings.flight_recorder_entries, dump_dir).items():
+                os.environ.setdefault(key, value)
+        dist.init_process_group(backend=backend, init_method="env://",
+                                timeout=datetime.timedelta(minutes=settings.timeout_minutes), **kwargs)
     return parallel_dims.build(parallel or ParallelConfig(), world, rank, local_rank, device)
 
 

@@ -118,6 +118,7 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
         for arm in arms:
             try:
                 configs.append(build_config(tree, arm, world))
+                distributed.prepare_environment(configs[0].parallel)  # before anything starts CUDA
             except ConfigError as err:
                 problems += err.problems
                 if err.partial is not None:  # what this machine cannot do of the rest, in the same pass
@@ -132,7 +133,8 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
             for config in configs:
                 print(f"# arm {config.run.arm}\n" + yaml.safe_dump(config.to_dict(), sort_keys=False))
             return 0
-        dims = distributed.init(configs[0].run.device, configs[0].parallel)
+        dims = distributed.init(configs[0].run.device, configs[0].parallel, configs[0].distributed,
+                                configs[0].run_dir.parent / "flight_recorder")
         if dims.device.type == "cpu":
             threads = distributed.set_cpu_threads()
             if dims.is_logging_rank:

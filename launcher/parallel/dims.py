@@ -37,6 +37,8 @@ class ParallelDims:
     over the pipeline group would wait on stages that run other micro-batches; TransformerEngine#1006)."""
     dp_ranks: list[int] = field(default_factory=lambda: [0])
     """Global ranks of this process's data-parallel group, in data-parallel order."""
+    mesh: Optional[object] = None
+    """The DeviceMesh (pp, dp, tp) the groups come from (None with one process)."""
 
     @property
     def dp(self) -> int:
@@ -102,7 +104,13 @@ class ParallelDims:
 
 
 def build(parallel: ParallelConfig, world_size: int, rank: int, local_rank: int, device: torch.device) -> ParallelDims:
-    """Create the process groups of the layout (every rank must call this, in the same order)."""
+    """Create the process groups of the layout (every rank must call this, in the same order): one DeviceMesh of
+    shape (pp, dp, tp), whose row-major order is the rank order above, and its dimensions' groups. With NCCL (the
+    default group bound to this rank's GPU) torch creates each dimension's groups with one communicator split
+    (ncclCommSplit), instead of one world-wide group creation per group; the FP8 amax group is the flattened
+    (dp, tp) submesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     problems = check_layout(world_size, parallel)
     if problems:
         raise ConfigError(problems[0])
@@ -110,29 +118,8 @@ def build(parallel: ParallelConfig, world_size: int, rank: int, local_rank: int,
     dims.dp_ranks = [(dims.pp_rank * dims.dp + d) * dims.tp + dims.tp_rank for d in range(dims.dp)]
     if world_size == 1:
         return dims
-    tp, dp, pp = dims.tp, dims.dp, dims.pp
-
-    def rank_of(p, d, t):
-        return (p * dp + d) * tp + t
-
-    # new_group is collective over the world: every rank creates every group, in the same order, and keeps its own.
-    for p in range(pp):
-        for d in range(dp):
-            group = dist.new_group([rank_of(p, d, t) for t in range(tp)])
-            if (p, d) == (dims.pp_rank, dims.dp_rank):
-                dims.tp_group = group
-    for p in range(pp):
-        for t in range(tp):
-            group = dist.new_group([rank_of(p, d, t) for d in range(dp)])
-            if (p, t) == (dims.pp_rank, dims.tp_rank):
-                dims.dp_group = group
-    for d in range(dp):
-        for t in range(tp):
-            group = dist.new_group([rank_of(p, d, t) for p in range(pp)])
-            if (d, t) == (dims.dp_rank, dims.tp_rank):
-                dims.pp_group = group
-    for p in range(pp):
-        group = dist.new_group([rank_of(p, d, t) for d in range(dp) for t in range(tp)])
-        if p == dims.pp_rank:
-            dims.amax_group = group
+    mesh = init_device_mesh(device.type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=("pp", "dp", "tp"))
+    dims.mesh = mesh
+    dims.tp_group, dims.dp_group, dims.pp_group = (mesh.get_group(name) for name in ("tp", "dp", "pp"))
+    dims.amax_group = mesh["dp", "tp"]._flatten("dp_tp").get_group()
     return dims
