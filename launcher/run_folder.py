@@ -1,8 +1,12 @@
 """A run folder belongs to one training process group at a time, and holds one run.
 
-- :class:`RunLock`: an exclusive lock (``<run_dir>/.lock``, ``fcntl.flock``) held by the logging rank while it
-  trains; a second launch of the same arm stops at once with a message naming the holder. The lock goes with its
-  process (also when it is killed), so a stale lock file never blocks a new run.
+- :class:`RunLock`: an exclusive lock (``<run_dir>/.lock``) held by the logging rank while it trains; a second
+  launch of the same arm stops at once with a message naming the holder. It needs no ``flock`` (which Lustre and NFS
+  mounts without lock support refuse): the lock file is created with O_CREAT | O_EXCL, atomic on local and shared
+  file systems, and its holder refreshes its modification time every HEARTBEAT_S seconds. A lock is stale, and is
+  taken over, when its holder is an earlier leg of the same SLURM job (a requeued job keeps its id), a process gone
+  on this host, or anywhere when its heartbeat is older than STALE_S (a crashed node): a killed or crashed run never
+  blocks the next one for longer than that.
 - :func:`start_fresh_or_resume`: a folder whose earlier run never saved a checkpoint is cleared before a new start
   (its events and offsets would mix with the new run's); a folder with checkpoints is resumed, or, with
   ``checkpoint.resume=false``, refused unless ``run.overwrite=true`` clears it first.
@@ -10,10 +14,11 @@
 
 from __future__ import annotations
 
-import fcntl
+import json
 import os
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,6 +28,8 @@ from launcher.config import ConfigError
 RUN_FILES = ("events.out.tfevents.*", "batch_offsets.bin", "bad_step_*.yaml", "changes.yaml", "status.yaml",
              "checkpoints/step_*", "checkpoints/latest", "checkpoints/*.tmp",  # step_*: checkpoint folders, damaged,
              "checkpoints/warning_step_*")  # partial and earlier-format ones; warning_step_*: kept at warning onsets
+HEARTBEAT_S = 30.0
+STALE_S = 180.0  # six missed heartbeats: longer than any pause of a live holder, short against a requeue
 
 
 class RunLock:
@@ -30,31 +37,105 @@ class RunLock:
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / ".lock"
-        self._file = None
+        self._record: Optional[str] = None
+        self._stop = threading.Event()
+        self._beat: Optional[threading.Thread] = None
+
+    @staticmethod
+    def _me() -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "job": os.environ.get("SLURM_JOB_ID", ""),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")
+        record = json.dumps(self._me())
+        for _ in range(5):  # another launcher may take a stale lock at the same moment: look again
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                seen, holder, age = self._holder()
+                why_stale = self._stale(holder, age)
+                if why_stale is None:
+                    raise ConfigError(self._in_use(holder, age)) from None
+                self._take_over(seen)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(record + "\n")
+            self._record = record
+            self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+            self._beat.start()
+            return self
+        raise ConfigError(f"{self.path.parent} is being taken over by another launch at the same time; retry")
+
+    def _holder(self) -> tuple[str, dict, float]:
+        """(the lock file's text, its holder as recorded, seconds since its last heartbeat)."""
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            f.close()
-            raise ConfigError(f"{self.path.parent} is in use by {holder}; wait for that run to end (or stop it), or "
-                              "use another run.experiment") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        f.flush()
-        self._file = f
-        return self
+            seen = self.path.read_text()
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return "", {}, float("inf")
+        try:
+            holder = json.loads(seen)
+        except ValueError:  # an older version's lock ("pid N on HOST since ...") or a torn write
+            holder = {}
+        return seen, holder if isinstance(holder, dict) else {}, age
+
+    @staticmethod
+    def _stale(holder: dict, age: float) -> Optional[str]:
+        """Why the lock's holder is gone (None: it may be alive)."""
+        job = os.environ.get("SLURM_JOB_ID", "")
+        if job and holder.get("job") == job:
+            return "an earlier leg of this job"
+        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+            try:
+                os.kill(holder["pid"], 0)
+            except ProcessLookupError:
+                return "its process is gone"
+            except PermissionError:
+                pass  # alive, another user's
+        if age > STALE_S:
+            return f"no heartbeat for {age:.0f} s"
+        return None
+
+    def _take_over(self, seen: str) -> None:
+        """Move the stale lock ``seen`` aside, unless a live holder replaced it in the meantime (then put it back)."""
+        aside = self.path.with_name(f".lock.stale.{os.getpid()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        if aside.read_text() != seen:
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        aside.unlink()
+
+    def _in_use(self, holder: dict, age: float) -> str:
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}" + (f" (SLURM job {holder['job']})"
+                                                                    if holder.get("job") else "")
+               + f" since {holder.get('since')}") if holder else "another process"
+        return (f"{self.path.parent} is in use by {who}, last heartbeat {age:.0f} s ago; wait for that run to end (or "
+                f"stop it), or use another run.experiment (a lock without heartbeat for {STALE_S:.0f} s is taken over)")
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                if self.path.read_text() == self._record + "\n":
+                    os.utime(self.path)
+            except OSError:
+                pass  # a file system hiccup: the next beat retries
 
     def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
+        if self._record is None:
+            return
+        self._stop.set()
+        try:
+            if self.path.read_text() == self._record + "\n":
+                self.path.unlink()
+        except OSError:
+            pass
+        self._record = None
 
 
 def run_files(run_dir: Path) -> list[Path]:

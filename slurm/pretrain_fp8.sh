@@ -9,10 +9,20 @@
 #   RECIPE         recipe name or YAML path (default gpt_1p3b_fp8)
 #   ARMS           space-separated arms, one per array task (default "baseline fixed"; --array=0-<n-1> must match)
 #   PYTHON         interpreter (default python3 in PATH, e.g. the project's .venv/bin/python)
-#   MAX_REQUEUES   how many times the job may requeue itself at the time limit (default 5); SLURM_RESTART_COUNT
-#                  counts every requeue, also those after a node failure or preemption
-#   MASTER_PORT    rendezvous port (default 20000 + job id mod 20000: one per job, so arms and jobs never collide)
+#   MAX_REQUEUES   how many times the job may requeue itself (default 5): at the time limit, after preemption, and
+#                  after a failed step (a crashed node, an NCCL error) when the newest checkpoint moved since this
+#                  leg started; SLURM_RESTART_COUNT counts every requeue, also SLURM's own after a node failure
+#   MASTER_PORT    rendezvous port (default: one per job, below the node's ephemeral port range, so arms and jobs
+#                  never collide and no outgoing connection can hold it)
+#   TRITON_CACHE_DIR  compiled kernels and autotuning results (default: node-local, /tmp/triton-$USER, shared by a
+#                  node's processes and kept across requeues on that node; attention.autotune=false fixes the tiles)
 #   NCCL_*         every NCCL setting below is a default only: a value in the environment wins
+#
+# One process per GPU whatever the site's binding: each task sees the node's GPUs (--gpu-bind=none, it takes its
+# SLURM_LOCALID's) or only its own (--gpus-per-task=1, --gpu-bind=single:1, it takes that one). --cpus-per-task
+# reaches srun (SRUN_CPUS_PER_TASK) and sets each process's thread count (OMP_NUM_THREADS); set it to the node's
+# cores / 8. A hang of a collective ends the run after distributed.timeout_minutes, and NCCL's flight recorder
+# writes what each rank waited on to <run.out_dir>/<experiment>/flight_recorder/ (docs/training.md, "Hangs").
 #
 # Time limit: SLURM sends USR1 to this script 10 minutes before the limit (--signal=B:USR1@600); the script passes it
 # to the training processes, which finish the current step, save a checkpoint and exit; then the script requeues
@@ -24,6 +34,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
 #SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=8
 #SBATCH --exclusive
 #SBATCH --time=24:00:00
 #SBATCH --signal=B:USR1@600
@@ -76,7 +87,19 @@ RESTARTS=${SLURM_RESTART_COUNT:-0}
 FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 FIRST_ADDR=$(scontrol show node "$FIRST_NODE" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')  # node names need not resolve
 export MASTER_ADDR=${MASTER_ADDR:-${FIRST_ADDR:-$FIRST_NODE}}
-export MASTER_PORT=${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}
+# A port per job below the ephemeral range (Linux default 32768-60999), where no outgoing connection can hold it.
+EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+(( EPHEMERAL_LOW > 12000 )) || EPHEMERAL_LOW=32768  # a site whose range starts low: use the default's
+export MASTER_PORT=${MASTER_PORT:-$(( 10000 + SLURM_JOB_ID % (EPHEMERAL_LOW - 10000) ))}
+# Threads per process and srun's CPU share (since SLURM 22.05 srun does not inherit sbatch's --cpus-per-task).
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+  export SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-$SLURM_CPUS_PER_TASK}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
+fi
+# Triton's compiled kernels and autotuning results on the node's own disk, not the shared home: tuned once per node
+# (processes of a node share it; a requeued leg on the same node reuses it), no metadata storm on the shared FS.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-${USER:-$(id -u)}}
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 
 # NCCL defaults an admin expects on InfiniBand H100 nodes; each one yields to a value already in the environment.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}                     # INFO to see the rings and transports chosen
@@ -85,6 +108,8 @@ export NCCL_ASYNC_ERROR_HANDLING=${NCCL_ASYNC_ERROR_HANDLING:-1}  # a dead peer 
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}            # NVLink SHARP off: not every fabric manager allows it
 # NCCL_SOCKET_IFNAME / NCCL_IB_HCA: left to NCCL's detection; set them if the nodes have several networks.
+# (The launcher itself sets CUDA_DEVICE_MAX_CONNECTIONS=1 for parallel.tp_async_grad_reduce, and the flight recorder's
+# TORCH_FR_* / TORCH_NCCL_DUMP_ON_TIMEOUT from distributed.*: launcher/distributed.py.)
 
 # One call validates the recipe for this arm and this job's process count (SLURM_NTASKS) before any node time is
 # spent, and names the experiment folder for the report; a mistake ends here with a one-line message.
@@ -97,6 +122,17 @@ if [[ "$TASK" == 0 && -n "${SLURM_ARRAY_JOB_ID:-}" && "$RESTARTS" == 0 && ${#ARM
     --output="$EXPERIMENT_DIR/report-%j.out" slurm/compare.sh "$EXPERIMENT_DIR" || \
     echo "could not submit the comparison job; run: python -m launcher.compare $EXPERIMENT_DIR" >&2
 fi
+
+# The newest published checkpoint (a step_XXXXXXXX folder appears only once complete): a failed leg that moved it
+# made progress, and is requeued; one that did not (it fails before its next save) is not, so no crash loops.
+newest_checkpoint() {
+  local dir newest=""
+  for dir in "$EXPERIMENT_DIR/$ARM"/checkpoints/step_*; do  # in step order: the names are zero-padded
+    if [[ -d "$dir" && "${dir##*/}" =~ ^step_[0-9]+$ ]]; then newest=$dir; fi
+  done
+  echo "$newest"
+}
+START_CHECKPOINT=$(newest_checkpoint)
 
 STATUS=130  # (what an interrupted trainer returns)
 if [[ -z "$STOP" ]]; then
@@ -120,9 +156,24 @@ if [[ "$STATUS" != 0 && "$STOP" != time_limit ]] && scontrol show job "$SLURM_JO
 then
   STOP=preempted
 fi
+# A failed leg: not a signal's stop (130), a configuration mistake (2), a guard's stop (3) or the early warning's (4),
+# which a requeue cannot mend. It is requeued when it saved a newer checkpoint than it started from.
 if [[ "$STATUS" == 4 ]]; then  # the early warning stopped the arm (monitor.on_warning=stop): a verdict, not a fault
   echo "[slurm] arm $ARM stopped by the early warning (exit status 4): not requeueing; see its last log lines"
-elif [[ "$STOP" =~ ^(time_limit|preempted)$ && "$STATUS" != 0 ]]; then  # (status 0: completed before the signal)
+elif [[ -z "$STOP" && ! "$STATUS" =~ ^(0|2|3|130)$ ]]; then
+  NOW_CHECKPOINT=$(newest_checkpoint)
+  if [[ -n "$NOW_CHECKPOINT" && "$NOW_CHECKPOINT" != "$START_CHECKPOINT" ]]; then
+    STOP=failed
+    echo "[slurm] training failed (status $STATUS) after saving $(basename "$NOW_CHECKPOINT")" \
+      "(this leg started from ${START_CHECKPOINT:+$(basename "$START_CHECKPOINT")}${START_CHECKPOINT:-none})"
+  else
+    echo "[slurm] training failed (status $STATUS) without a new checkpoint since this leg started" \
+      "(${START_CHECKPOINT:+$(basename "$START_CHECKPOINT")}${START_CHECKPOINT:-none}): not requeueing; the log" \
+      "above says why, a new sbatch resumes from the newest checkpoint" >&2
+  fi
+fi
+# (status 0: completed before the signal; 4: the early warning's verdict, never requeued)
+if [[ "$STOP" =~ ^(time_limit|preempted|failed)$ && ! "$STATUS" =~ ^(0|4)$ ]]; then
   if (( RESTARTS < MAX_REQUEUES )); then
     echo "[slurm] $STOP: requeueing job $SLURM_JOB_ID (restart $(( RESTARTS + 1 )) of at most $MAX_REQUEUES)"
     scontrol requeue "$SLURM_JOB_ID"

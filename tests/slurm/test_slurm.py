@@ -195,3 +195,34 @@ def test_preemption_saves_and_requeues_the_job(slurm, kjv_data, tmp_path):
     assert straight.wait(timeout=300) == 0, straight.stderr.read()
     got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("smoke", "straight"))
     assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
+
+
+def test_a_failed_step_requeues_the_job_when_its_checkpoint_moved(slurm, kjv_data, tmp_path):
+    """The training process is killed (SIGKILL) in the first leg: after step 6, past its step-4 checkpoint, the
+    script requeues the job, which resumes from step 4 to the uninterrupted losses bit for bit; after step 2, before
+    any checkpoint, it does not (a crash that made no progress would only crash again) and the job fails."""
+    steps = 12
+    common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=6", "run.log_interval=1",
+              "checkpoint.interval=4", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
+    jobs = {}
+    for name, crash_step, node in (("moved", 6, "n1"), ("stuck", 2, "n2")):
+        (tmp_path / name).mkdir()
+        jobs[name] = slurm.sbatch(["--array=0", "--nodes=1", "--ntasks-per-node=1", f"--nodelist={node}", *CPU_JOB,
+                                   f"--output={tmp_path}/{name}/%x-%A_%a.out", "slurm/pretrain_fp8.sh", *common,
+                                   f"run.experiment={name}"],
+                                  job_env(ARMS="baseline", TRAIN_TEST_CRASH_STEP=str(crash_step),
+                                          PYTHON=worker_python(tmp_path, "tests.crash_worker")), REPO)
+    straight = start_straight_run(common)
+    [stuck] = slurm.wait(jobs["stuck"], timeout=300)
+    said = output(tmp_path / "stuck")
+    assert stuck.state == "FAILED" and stuck.restarts == 0, f"{stuck}\n{said}"
+    assert "without a new checkpoint since this leg started (none): not requeueing" in said, said
+    [moved] = slurm.wait(jobs["moved"], timeout=300)
+    said = output(tmp_path / "moved")
+    assert moved.state == "COMPLETED" and moved.restarts == 1, f"{moved}\n{said}\n{slurm.logs()}"
+    assert "after saving step_00000004 (this leg started from none)" in said and \
+        "failed: requeueing job" in said, said
+    assert re.search(r"resumed from \S*step_00000004 at step 4", said), said
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()
+    got, ref = (all_scalars(tmp_path / "runs" / e / "baseline") for e in ("moved", "straight"))
+    assert got["train/loss"] == ref["train/loss"] and got["eval/loss"] == ref["eval/loss"]
