@@ -262,7 +262,7 @@ class CheckpointStore:
         """({file name: {bytes, sha256}}, None) or (None, why the checksum file is unusable)."""
         try:
             files = json.loads((path / CHECKSUMS).read_text())["files"]
-            return {str(name): {"bytes": int(r["bytes"]), "sha256": str(r["sha256"])} for name, r in files.items()}, None
+            return {str(n): {"bytes": int(r["bytes"]), "sha256": str(r["sha256"])} for n, r in files.items()}, None
         except FileNotFoundError:
             return None, "no checksum file: its save never finished"
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:

@@ -234,7 +234,7 @@ class MonitorConfig:
     persistence window."""
     on_warning: str = "log"
     """What an onset of the early warning does: log (the console line and warning/on only); checkpoint (also save a
-    checkpoint at the onset step and keep it as checkpoints/warning_step_N.pt, outside the two-kept rotation); stop
+    checkpoint at the onset step and keep it as checkpoints/warning_step_N/, outside the two-kept rotation); stop
     (save, keep it, and end the run with exit status 4 and a one-line reason; SLURM does not requeue it);
     switch_fix (save, keep it, then train on with attention.fix=switch_fix_to, recorded in changes.yaml with its
     step; a resume continues with the switched fix). Later onsets after a switch are logged only."""

@@ -1,7 +1,7 @@
 """What an onset of the early warning does (``monitor.on_warning``; the rule is launcher/monitors/warning.py).
 
 - ``log``: nothing beyond the console line and the ``warning/on`` tag (the monitors do that).
-- ``checkpoint``: save a checkpoint at the onset step and keep it, ``checkpoints/warning_step_N.pt``, outside the
+- ``checkpoint``: save a checkpoint at the onset step and keep it, ``checkpoints/warning_step_N/``, outside the
   two-kept rotation (``CheckpointStore.keep``).
 - ``stop``: the same, then end the run with status ``stopped by warning`` and exit status
   :data:`EXIT_STATUS` (4) with a one-line reason; slurm/pretrain_fp8.sh does not requeue that status.

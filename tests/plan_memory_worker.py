@@ -60,9 +60,10 @@ def build(config, device: torch.device, weights: dict = None):
         weights["bytes"] = resident() - before
     engine = build_engine(part, config, dims)
     gen = torch.Generator().manual_seed(0)
+    shape = (config.data.micro_batch_size, config.data.seq_len)
+    count = config.data.global_batch_size // config.data.micro_batch_size
     micro = [(x.to(device), x.to(device)) for x in
-             (torch.randint(0, config.model.vocab_size, (config.data.micro_batch_size, config.data.seq_len),
-                            generator=gen) for _ in range(config.data.global_batch_size // config.data.micro_batch_size))]
+             (torch.randint(0, config.model.vocab_size, shape, generator=gen) for _ in range(count))]
     return engine, micro, autocast_factory(config, device)
 
 

@@ -250,8 +250,8 @@ class LocalEngine(Engine):
                 on_device = group.get("fused") or group.get("capturable")
                 for p in group["params"]:
                     step = torch.tensor(float(adam_step), dtype=torch.float32, device=p.device if on_device else "cpu")
-                    self.optimizer.state[p] = {"step": step, **{k: torch.zeros_like(p, memory_format=torch.preserve_format)
-                                                               for k in ADAM_STATE_KEYS}}
+                    zeros = {k: torch.zeros_like(p, memory_format=torch.preserve_format) for k in ADAM_STATE_KEYS}
+                    self.optimizer.state[p] = {"step": step, **zeros}
         return self.state_pieces()
 
 
@@ -272,10 +272,12 @@ def import_deepspeed():
 class ZeroEngine(Engine):
     """DeepSpeed ZeRO (stage 1: optimizer state, 2: + gradients, 3: + parameters sharded over data parallel).
 
-    Besides DeepSpeed's public API (initialize, backward, step, GatheredParameters, the safe_get/set_full_* tensor
-    accessors) it uses a few attributes of the ZeRO optimizer: the inner torch optimizer and the global norm stashed
-    before it runs (the guard's veto), the flat FP32 partitions and the fragment links to Adam's moments (restoring
-    Adam state). deepspeed is pinned (pyproject.toml), and tests/distributed fails if any of these changes meaning."""
+    Besides DeepSpeed's public API (initialize, backward, step, GatheredParameters, zero.Init, refresh_fp32_params,
+    the safe_get_local_* accessors) it uses a few attributes of the ZeRO optimizer and its parameters: the inner torch
+    optimizer and the global norm stashed before it runs (the guard's veto), the flat FP32 partitions and the
+    fragment links to Adam's moments (checkpoints: a parameter's ``_hp_mapping`` with its fragment's address, a
+    ZeRO-3 parameter's ``ds_tensor`` partition and process group). deepspeed is pinned (pyproject.toml), and
+    tests/distributed fails if any of these changes meaning."""
 
     def __init__(self, model: nn.Module, config: Config, dims: ParallelDims, run_dir: Optional[Path] = None):
         self.model, self.dims, self.config = model, dims, config
@@ -396,7 +398,8 @@ class ZeroEngine(Engine):
             mapping = getattr(p, "_hp_mapping", None)  # None: no fragment of p in this rank's partition
             if moments and mapping is not None and id(p) not in skip_moments:
                 start = mapping.lp_fragment_address.start
-                pieces += [Piece(name, k, p, shape, start, mapping.get_optim_state_fragment(k)) for k in ADAM_STATE_KEYS]
+                pieces += [Piece(name, k, p, shape, start, mapping.get_optim_state_fragment(k))
+                           for k in ADAM_STATE_KEYS]
         return pieces
 
     def _moments_saved_elsewhere(self) -> set[int]:

@@ -7,10 +7,11 @@
         while it saves. Prints one line per rank and save:
         ``save memory: <layout> rank <r>: before <b> peak <p> wrote <w> held <h> files <n>`` (bytes).
     python -m tests.distributed.checkpoint_worker reshard OUT DATA
-        for each source checkpoint and each layout this world size has (1 process; DP2 with DDP and with ZeRO-2, TP2, PP2 with 2), resumes a
-        copy of it and saves it again at once (no step in between); the logging rank compares the two checkpoints,
-        read whole: ``<source> -> <layout>: identical`` when every parameter, Adam moment, the step counts, the guard
-        and the monitors' per-head state are equal bit for bit, else what differs.
+        for each source checkpoint and each layout this world size has (1 process; DP2 with DDP and with ZeRO-2,
+        TP2, PP2 with 2), resumes a copy of it and saves it again at once (no step in between); the logging rank
+        compares the two checkpoints, read whole: ``<source> -> <layout>: identical`` when every parameter, Adam
+        moment, the step counts, the guard and the monitors' per-head state are equal bit for bit, else what
+        differs.
 
 Exits 1 on a failed comparison."""
 

@@ -186,7 +186,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-# (that every layout loads a checkpoint of ZeRO-3 or TP2 x PP2 bit for bit: tests/distributed/test_sharded_checkpoints.py)
+# (that every layout loads a checkpoint of ZeRO-3 or TP2 x PP2 bit for bit: test_sharded_checkpoints.py)
 @pytest.mark.parametrize("source, target", [("tp2_dp2_zero2", "single"), ("tp2_sp", "single"), ("tp2", "tp2_sp")])
 def test_resume_under_another_layout(reference, layout_run, common, out_dir, source, target):
     """A step-6 checkpoint of one layout resumed under another reaches the same step-10 losses and Adam state."""

@@ -22,7 +22,8 @@ needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is 
                               reason="transformer_engine is not installed (on a GPU machine: pip install -e '.[gpu]')")
 MODEL = ["model.vocab_size=8192", "model.n_layer=16", "model.d_model=1024", "model.n_head=8", "model.max_seq_len=2048",
          "data.seq_len=2048", "data.global_batch_size=8", "data.micro_batch_size=4", "precision.dtype=bf16",
-         "run.device=cuda", "arms.baseline.attention.rounding=fa2", "arms.baseline.attention.fix=fp32_output", "attention.autotune=false",
+         "run.device=cuda", "arms.baseline.attention.rounding=fa2", "arms.baseline.attention.fix=fp32_output",
+         "attention.autotune=false",
          "monitor.spectral_interval=0", "monitor.probe_interval=0"]
 
 

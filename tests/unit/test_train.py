@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from launcher.checkpoint import CheckpointStore, read_whole_checkpoint
 from launcher.config import load_config
