@@ -5,8 +5,9 @@
 
 Builds a one-layer GPT of that width (vocabulary 256; meta device, then this rank's slice materialised, as the
 trainer does), and calls ``launcher.monitors.monitors.Monitors`` on it: the spectral part twice (the first call
-starts each tracked weight from its exact top singular vector: a d x d Gram matrix and its eigendecomposition; the
-second is the tracked power iteration), then the probe part without and with the delta-bias monitor of the layer.
+starts each tracked weight from its exact top singular vector: a d x d Gram matrix and its eigendecomposition, and
+stores W_Q and W_K for the Q-K update; the second is the tracked power iteration and the Q-K update spectra), then
+the probe part without and with the delta-bias monitor of the layer (with the Q-K activation spectra).
 Prints per rank, for each call: wall seconds and the growth of resident memory (CPU; peak allocation on a GPU) over
 the call, and the scalars logged. Everything the monitors do is per layer, so a stage of L layers costs L times this
 (docs/monitoring.md, "At scale"). Attention is SDPA (production numerics): the probe forward is not what is measured.
@@ -95,8 +96,10 @@ def main(argv=None) -> int:
         tokens = torch.randint(0, 256, (args.probe_batch, args.seq + 1), generator=torch.Generator().manual_seed(0))
         probe = (tokens[:, :-1].to(dims.device), tokens[:, 1:].to(dims.device))
         monitors = Monitors(config, part, probe, None, backend="sdpa", dims=dims)
-        calls = [("spectral, fresh start", lambda: monitors._spectral()),
-                 ("spectral, tracked", lambda: monitors._spectral())] if not delta else []
+        def spectral():  # what a spectral call does: the norms, then the Q-K update spectra (monitor.qk_update)
+            return {**monitors._spectral(), **(monitors._qk_update() if monitors.qk_update is not None else {})}
+
+        calls = [("spectral, fresh start", spectral), ("spectral, tracked", spectral)] if not delta else []
         calls.append((f"probe{' + delta bias' if delta else ''}", lambda: monitors._probe(dims.device)))
         for name, call in calls:
             with torch.no_grad(), _Peak(dims.device) as peak:

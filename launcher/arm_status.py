@@ -17,8 +17,6 @@ file existed have none: their ending is read from the events and checkpoints (``
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,19 +87,9 @@ def write_status(run_dir: Path, status: str, step: int, max_steps: int, reason: 
 
 def lock_is_held(run_dir: Path) -> bool:
     """True while a process holds the run folder's lock (it is training that arm now)."""
-    path = Path(run_dir) / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except OSError as err:
-        return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-    finally:
-        os.close(fd)
+    from launcher.run_folder import RunLock
+
+    return RunLock(Path(run_dir)).held()
 
 
 def bad_steps(run_dir: Path) -> list[dict]:

@@ -67,6 +67,11 @@ class RunLock:
             return self
         raise ConfigError(f"{self.path.parent} is being taken over by another launch at the same time; retry")
 
+    def held(self) -> bool:
+        """True while a live process holds this lock (a stale one, as defined above, is not held)."""
+        seen, holder, age = self._holder()
+        return bool(seen) and self._stale(holder, age) is None
+
     def _holder(self) -> tuple[str, dict, float]:
         """(the lock file's text, its holder as recorded, seconds since its last heartbeat)."""
         try:

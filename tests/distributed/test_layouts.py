@@ -116,11 +116,13 @@ def agrees(tag: str, a: float, b: float, pipeline: bool = False) -> bool:
         return close(a, b, 1e-4)
     # spectra of the Q-K update between steps 5 and 10 and of the probe scores (measured exactly on identical weights
     # by initial_weights_worker.py). The update is five Adam steps, in which the layouts' last-bit gradient
-    # differences become lr-sized (above): its norms and stable ranks differ by a few percent (seen: up to 1.6% and
-    # 6.8%, srank2 under TP2 + SP); normalised entropies lie in [0, 1] and near 0 (one dominant direction) are set by
-    # tail singular values of rounding size, so they get an absolute tolerance (seen: up to 0.003)
+    # differences become lr-sized (above): its norms differ by a few percent, its stable ranks (a ratio to the top
+    # singular value squared) by more (seen: up to 1.6% and 6.8%, srank2 under TP2 + SP; with the per-parameter seeded
+    # initialisation 0.8% and 11%, srank2 under TP2 x DP2 ZeRO-2); normalised entropies lie in [0, 1] and near 0 (one
+    # dominant direction) are set by tail singular values of rounding size, so they get an absolute tolerance (seen:
+    # up to 0.003)
     if tag.startswith(("qk_update/", "qk_act/")):
-        return abs(a - b) <= 0.01 if "entropy" in tag else close(a, b, 0.1)
+        return abs(a - b) <= 0.01 if "entropy" in tag else close(a, b, 0.2 if "srank" in tag else 0.1)
     if tag.startswith(("spectral/", "act/")) or tag.endswith("entropy"):
         return close(a, b, 1e-2)
     # Adam amplifies the last-bit differences of near-zero gradient entries into lr-sized weight differences, which

@@ -8,10 +8,9 @@ The condition is forced through the rule's own settings, not a switch in the lib
 import math
 
 import pytest
-import torch
 import yaml
 
-from launcher.checkpoint import CheckpointStore
+from launcher.checkpoint import CheckpointStore, read_whole_checkpoint
 from launcher.config import ConfigError, load_config
 from launcher.parallel.dims import ParallelDims
 from launcher.trainer import train_arm
@@ -41,8 +40,8 @@ def test_stop_saves_keeps_and_exits_with_its_own_status(common, tmp_path):
                          for line in lines), proc.stdout
     assert "Traceback" not in proc.stderr
     run_dir = tmp_path / "runs" / "smoke" / "baseline"  # tiny_overrides' run.out_dir
-    kept = run_dir / "checkpoints" / f"warning_step_{ONSET:08d}.pt"
-    assert kept.is_file() and CheckpointStore(run_dir).problem(kept) is None
+    kept = run_dir / "checkpoints" / f"warning_step_{ONSET:08d}"
+    assert kept.is_dir() and CheckpointStore(run_dir).problem(kept) is None
     assert sorted(all_scalars(run_dir)["train/loss"]) == list(range(1, ONSET + 1))  # nothing trained after it
 
 
@@ -50,10 +49,10 @@ def test_checkpoint_mode_keeps_the_onset_outside_the_rotation(common):
     result = train(common, "monitor.on_warning=checkpoint", "checkpoint.interval=1")
     assert result.status == "completed" and result.steps == 8
     store = CheckpointStore(result.run_dir)
-    assert [p.name for p in store.steps()] == ["step_00000007.pt", "step_00000008.pt"]  # the rotation pruned 3
-    kept = store.dir / f"warning_step_{ONSET:08d}.pt"
-    assert kept.is_file() and store.problem(kept) is None
-    assert torch.load(kept, map_location="cpu", weights_only=False)["step"] == ONSET
+    assert [p.name for p in store.steps()] == ["step_00000007", "step_00000008"]  # the rotation pruned 3
+    kept = store.dir / f"warning_step_{ONSET:08d}"
+    assert kept.is_dir() and store.problem(kept) is None
+    assert read_whole_checkpoint(kept)["step"] == ONSET
 
 
 def test_switch_fix_is_recorded_and_a_resume_after_it_is_exact(common):
@@ -71,7 +70,7 @@ def test_switch_fix_is_recorded_and_a_resume_after_it_is_exact(common):
         assert changes[0]["step"] == ONSET and changes[0]["changes"] == {"attention.fix": {"from": "none",
                                                                                           "to": "fp32_output"}}
         assert "wq_growth" in changes[0]["reason"] and changes[1]["changes"].keys() == {"run.max_steps"}
-        last = torch.load(resumed.run_dir / "checkpoints" / "step_00000008.pt", map_location="cpu", weights_only=False)
+        last = read_whole_checkpoint(resumed.run_dir / "checkpoints" / "step_00000008")
         assert last["warning_switch"]["to"] == "fp32_output" and last["config"]["attention"]["fix"] == "fp32_output"
     changes = yaml.safe_load((straight.run_dir / "changes.yaml").read_text())
     assert [c["step"] for c in changes] == [ONSET]
