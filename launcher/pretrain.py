@@ -14,7 +14,12 @@ same command resumes). SLURM's batch script requeues none of 2, 3 and 4.
 
 from __future__ import annotations
 
-import argparse
+from launcher.stop_signals import STOP
+
+if __name__ == "__main__":  # before torch loads: a time-limit warning during the imports must not kill the leg
+    STOP.trap_scheduler_signals()
+
+import argparse  # noqa: E402 (the imports below load torch)
 import math
 import os
 import sys
@@ -108,6 +113,7 @@ def cpu_warning(config) -> Optional[str]:
 def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> int:
     """The command line; ``checkpoint_writer`` is passed on to the trainer (launcher/checkpoint.py; tests inject a
     writer that pauses mid-save, tests/paused_save_worker.py)."""
+    STOP.trap_scheduler_signals()  # SLURM's USR1 or TERM while starting or resuming: stop after the first step
     args = parse_args(argv)
     dims = current = None
     try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,38 +43,8 @@ from launcher import on_warning
 from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
 from launcher.sharded import saved_shapes
+from launcher.stop_signals import STOP
 from model import GPT, describe_backend, resolve_backend
-
-
-class StopRequested:
-    """Set by SIGINT, SIGTERM or SIGUSR1 (slurm/pretrain_fp8.sh passes on SLURM's time-limit warning as USR1); the
-    loop checks it at the end of each step, saves and returns."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            if signum == signal.SIGINT:  # a second Ctrl-C means: stop now
-                raise KeyboardInterrupt
-            return  # SLURM may send TERM and USR1 together (preemption near the time limit): the save goes on
-        self.requested = True
-        if os.environ.get("RANK", "0") == "0":  # every rank gets the signal (torchrun passes it on): say it once
-            print(f"\n[train] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-                  "(press Ctrl-C again to abort without saving)", flush=True)
-            if "TORCHELASTIC_RUN_ID" in os.environ and "LAUNCHER_TORCHRUN" not in os.environ:
-                print("[train] plain torchrun ends a stop with a SignalException traceback and status 1 after the "
-                      "save; `python -m launcher.torchrun` (same arguments) ends it in one line", flush=True)
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 @dataclass
@@ -390,7 +359,7 @@ class Trainer:
         metrics.restart_clock()
         deadline = time.monotonic() + 60 * config.run.max_minutes if config.run.max_minutes else None
         interrupted = False
-        with StopRequested() as stop:
+        with STOP.while_training() as stop:
             while step < max_steps:
                 result = self.train_step(step)
                 step += 1

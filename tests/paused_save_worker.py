@@ -7,7 +7,11 @@ import os
 import sys
 import time
 
-from launcher import pretrain
+from launcher.stop_signals import STOP
+
+STOP.trap_scheduler_signals()  # as `python -m launcher.pretrain` does, before torch loads
+
+from launcher import pretrain  # noqa: E402
 from launcher.checkpoint import HashingWriter
 
 PAUSE_S = float(os.environ.get("CHECKPOINT_TEST_PAUSE_S", "2"))

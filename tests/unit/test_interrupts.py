@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from launcher.checkpoint import CheckpointStore
 from launcher.distributed import default_cpu_threads
 from tests.runs import REPO, free_port, launcher_env
 
@@ -54,6 +55,28 @@ def test_a_second_ctrl_c_before_any_checkpoint_says_there_is_none(tiny_overrides
     out = "".join(lines) + proc.communicate(timeout=120)[0]
     assert proc.returncode == 130 and "Traceback" not in out, out
     assert "holds no checkpoint yet: the same command starts this arm over" in out and "intact" not in out, out
+
+
+def signal_trapped(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux: the SigCgt mask of /proc/PID/status)."""
+    caught = next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (sig - 1) & 1)
+
+
+def test_a_time_limit_warning_while_the_launcher_starts_stops_it_after_one_step(tiny_overrides, tmp_path):
+    """SLURM's USR1 may come while a requeued leg still imports torch or resumes: it stops the run after its first
+    step, with a checkpoint, instead of killing the process without a word (tests/slurm saw a leg die so)."""
+    proc = start(["launcher.pretrain", "smoke", *long_run(tiny_overrides)])
+    deadline = time.monotonic() + 30
+    while not signal_trapped(proc.pid, signal.SIGUSR1):  # trapped on the module's first lines, before torch loads
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    assert out.count("SIGUSR1: came outside the training loop") == 1 and "interrupted at step 1" in out, out
+    assert "step      1/" in out and "step      2/" not in out, out
+    assert CheckpointStore(tmp_path / "runs" / "smoke" / "baseline").latest().name == "step_00000001"
 
 
 def test_cpu_threads_default_to_the_free_cores_and_are_named(tiny_overrides):

@@ -12,7 +12,8 @@ import pytest
 from launcher.checkpoint import CheckpointStore, read_whole_checkpoint
 from launcher.config import load_config
 from launcher.parallel.dims import ParallelDims
-from launcher.trainer import StopRequested, lr_at, train_arm
+from launcher.stop_signals import STOP
+from launcher.trainer import lr_at, train_arm
 from tests.runs import scalars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,11 +130,12 @@ def test_experiment_dir_validates_and_prints_only_the_folder(tmp_path):
 def test_repeated_cluster_signals_keep_the_save_and_a_second_ctrl_c_aborts():
     """SLURM may send TERM (preemption) and USR1 (time-limit warning) to the same step: neither may abort the save.
     Only a second Ctrl-C does."""
-    with StopRequested() as stop:
+    with STOP.while_training() as stop:
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGTERM):
             os.kill(os.getpid(), sig)
         assert stop.requested
-    with StopRequested() as stop, pytest.raises(KeyboardInterrupt):
+    assert not STOP.requested  # acted on: the next arm starts afresh
+    with STOP.while_training() as stop, pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.requested
         os.kill(os.getpid(), signal.SIGINT)
