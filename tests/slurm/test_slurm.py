@@ -96,7 +96,8 @@ def test_time_limit_checkpoints_requeues_and_resumes_exactly(slurm, kjv_data, tm
     slurmctld sends the warning from a check it runs every ~30 s, so it comes 45-75 s before the limit, i.e. 15-45 s
     after a leg starts (with --time=1 and @45 a requeued leg was signalled the moment it started). The run is paced
     to >= 25 ms a step (tests/paced_steps_worker.py), so its 2,000 steps outlast the first leg on any machine; on a
-    slow one they take longer, which only adds legs (each leg costs ~60 s: its training, then waiting in the queue)."""
+    slow one they take longer, which only adds legs (each leg costs ~60 s: its training, then waiting in the queue).
+    A leg whose warning comes while the trainer still starts trains one step, then saves (launcher/stop_signals.py)."""
     steps = 2000
     common = [*tiny(kjv_data, tmp_path / "runs", steps), "eval.interval=2000", "run.log_interval=1000",
               "checkpoint.interval=0", "attention.backend=sdpa", "arms.baseline.attention.rounding=fa2"]
