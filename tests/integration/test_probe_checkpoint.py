@@ -11,7 +11,7 @@ from tests.runs import REPO, launcher_env
 
 
 def probe(*args):
-    return subprocess.run([sys.executable, "-m", "launcher.probe_checkpoint", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "analysis.probe_checkpoint", *map(str, args)], cwd=REPO,
                           env=launcher_env(), capture_output=True, text=True, timeout=300)
 
 

@@ -1,7 +1,7 @@
-"""Stability margin of attention numerics: ``python -m launcher.margin RECIPE [section.field=value ...]``.
+"""Stability margin of attention numerics: ``python -m analysis.margin RECIPE [section.field=value ...]``.
 
 Trains a grid of arms (numerics x delta-error gain x sign x seed) through the normal launcher, several at
-once on one device, judges each arm stable or diverged, and writes the margin report (launcher/margin_report.py).
+once on one device, judges each arm stable or diverged, and writes the margin report (analysis/margin_report.py).
 The recipe is a normal training recipe (recipes/margin.yaml) plus a ``margin`` section (:class:`MarginConfig`); it
 has no ``arms``: the grid makes them. What the table means and the rules: docs/margin.md.
 
@@ -51,7 +51,7 @@ import yaml
 from kernels.modes import DELTA_REFERENCES, FIXES, REFERENCE_FIX, ROUNDINGS
 from launcher.config import (ConfigError, _build, build_config, environment_problems, field_docs, load_recipe,
                              problems_error)
-from launcher.margin_report import STATE_FILE, bisect_path, load_state, save_state
+from analysis.margin_report import STATE_FILE, bisect_path, load_state, save_state
 from model.attention import AttentionConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ class MarginConfig:
     must fit in the GPU's memory."""
     arm_host_memory_gb: float = 0.0
     """On a CPU: peak host memory of one arm; 0 estimates it from the model and batch shape (cpu_arm_memory_gb in
-    launcher/margin.py). processes x this must fit in the host's available memory, and processes in its cores."""
+    analysis/margin.py). processes x this must fit in the host's available memory, and processes in its cores."""
     retries: int = 2
     """Times this command starts an arm again after a signal killed it (e.g. the out-of-memory killer); it resumes
     from its last checkpoint. Arms still killed, or failed, after that are started again by --retry-failed."""
@@ -274,7 +274,7 @@ def delta_fields_problem(plan: Plan) -> Optional[str]:
 def parse_margin(tree: dict) -> MarginConfig:
     raw = tree.get("margin") or {}
     if not isinstance(raw, dict):
-        raise ConfigError("margin must be a mapping of MarginConfig fields (see python -m launcher.margin "
+        raise ConfigError("margin must be a mapping of MarginConfig fields (see python -m analysis.margin "
                           "--help-config)")
     problems: list[str] = []
     config = _build(MarginConfig, raw, "margin", problems)
@@ -586,7 +586,7 @@ class Runner:
 
     def __init__(self, plan: Plan, trees: dict[int, dict], experiment_dir: Path, max_steps: int, log_interval: int,
                  retry_failed: bool = False):
-        from launcher.margin_report import DivergenceRule
+        from analysis.margin_report import DivergenceRule
 
         self.plan, self.trees, self.dir = plan, trees, experiment_dir
         self.max_steps, self.log_interval = max_steps, log_interval
@@ -658,8 +658,8 @@ class Runner:
               flush=True)
 
     def _verdicts(self, seed: int) -> dict:
-        """The divergence rule on the curves of a seed's arms so far (launcher/margin_report.py)."""
-        from launcher.margin_report import judge
+        """The divergence rule on the curves of a seed's arms so far (analysis/margin_report.py)."""
+        from analysis.margin_report import judge
 
         curves = {}
         for key, c in self.curves.items():
@@ -837,7 +837,7 @@ def _cells_text(spec: ArmSpec) -> str:
 
 def describe_margin() -> str:
     docs = field_docs(MarginConfig)
-    lines = ["margin:  (the grid of a margin run; launcher/margin.py)"]
+    lines = ["margin:  (the grid of a margin run; analysis/margin.py)"]
     for f in dataclasses.fields(MarginConfig):
         lines.append(f"  margin.{f.name} = {getattr(MarginConfig(), f.name)!r}")
         lines.append(f"      {docs.get(f.name, '')}")
@@ -845,7 +845,7 @@ def describe_margin() -> str:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m launcher.margin", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m analysis.margin", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", nargs="?", help="recipe name in recipes/ (e.g. margin) or a YAML path")
     parser.add_argument("overrides", nargs="*", help="section.field=value, e.g. margin.gains=[1,20] run.max_steps=500")
@@ -864,7 +864,7 @@ def parse_args(argv):
         print("\nEvery other section: python -m launcher.pretrain --help-config")
         sys.exit(0)
     if not args.recipe:
-        parser.error("give a recipe, e.g. `python -m launcher.margin margin`")
+        parser.error("give a recipe, e.g. `python -m analysis.margin margin`")
     return args
 
 
@@ -910,7 +910,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         plan, trees, experiment_dir, first = prepare(args.recipe, args.overrides, args.dry_run)
         steps = first.run.max_steps
-        from launcher.margin_report import write_report
+        from analysis.margin_report import write_report
 
         if args.report_only:
             write_report(experiment_dir, plan, first)
@@ -943,7 +943,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for seed, t in trees.items():
             folder = experiment_dir / f"seed_{seed}"
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "recipe.yaml").write_text("# generated by python -m launcher.margin; do not edit\n"
+            (folder / "recipe.yaml").write_text("# generated by python -m analysis.margin; do not edit\n"
                                                 + yaml.safe_dump(t, sort_keys=False))
         _prepare_embedded_data(first)
         runner = Runner(plan, trees, experiment_dir, steps, first.run.log_interval, args.retry_failed)

@@ -1,9 +1,9 @@
 """Calibrate the early warning on margin grids and judge it on grids it has not seen.
 
-    python -m launcher.warning_calibration --calibrate EXPERIMENT [...] --holdout EXPERIMENT [...]
+    python -m analysis.warning_calibration --calibrate EXPERIMENT [...] --holdout EXPERIMENT [...]
                                            [--max-false-alarms 0.1] [--out DIR] [monitor.warning_<field>=value ...]
 
-Each EXPERIMENT is the folder of a margin run (``python -m launcher.margin``; its report writes
+Each EXPERIMENT is the folder of a margin run (``python -m analysis.margin``; its report writes
 ``margin_report/arms.json``: every arm's numerics, gain, sign, seed, whether and when it diverged, and whether it is
 the arm one gain below its series' margin). For every signal of the rule (launcher/monitors/warning.py: SIGNALS) the
 logged series of each arm are replayed through the live rule's code (``warning.replay``), once, and the signal's
@@ -42,7 +42,7 @@ from typing import Optional
 from launcher.monitors import tags, warning as rules
 from launcher.monitors.warning import SIGNALS, Replay, WarningRule, first_onset
 
-ARMS_FILE = "arms.json"  # in <experiment>/margin_report/, written by launcher/margin_report.py
+ARMS_FILE = "arms.json"  # in <experiment>/margin_report/, written by analysis/margin_report.py
 TARGET_WARNED = 0.8
 TARGET_LEAD_STEPS = 300
 TARGET_LEAD_SHARE = 0.25
@@ -245,7 +245,7 @@ def load_arms(experiment_dir: Path) -> list[ArmOutcome]:
     path = Path(experiment_dir) / "margin_report" / ARMS_FILE
     if not path.is_file():
         raise CalibrationError(f"{path} is missing: write the margin report of {experiment_dir} first "
-                               f"(python -m launcher.margin <its recipe> --report-only, with the overrides it ran "
+                               f"(python -m analysis.margin <its recipe> --report-only, with the overrides it ran "
                                "with)")
     arms = [ArmOutcome(**a) for a in json.loads(path.read_text())]
     return [a for a in arms if a.status in ("diverged", "survived")]
@@ -375,7 +375,7 @@ def write(results: list[Calibrated], cal_dirs: list[Path], held_dirs: list[Path]
           f"Calibration grids: {', '.join(map(str, cal_dirs))}. Held-out grids: {', '.join(map(str, held_dirs))}.",
           f"Rule structure: layer {rule.layer}, patience {rule.patience}, from step {rule.after_step}, window "
           f"{rule.window}, baseline {rule.baseline}. Threshold per signal chosen on the calibration grids with false "
-          f"alarms <= {max_false_alarms:.0%} of their stable arms (launcher/warning_calibration.py); 'in time' = "
+          f"alarms <= {max_false_alarms:.0%} of their stable arms (analysis/warning_calibration.py); 'in time' = "
           f"lead >= min({TARGET_LEAD_STEPS}, {TARGET_LEAD_SHARE:.0%} of the steps to divergence).", "",
           "## Calibration grids (in-sample)", ""]
 
@@ -405,7 +405,7 @@ def write(results: list[Calibrated], cal_dirs: list[Path], held_dirs: list[Path]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.warning_calibration",
+    parser = argparse.ArgumentParser(prog="python -m analysis.warning_calibration",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calibrate", nargs="+", required=True, type=Path, help="margin experiment folders")

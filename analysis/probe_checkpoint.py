@@ -1,6 +1,6 @@
 """Trained-layer probe: does real trained attention meet the tie mechanism?
 
-    python -m launcher.probe_checkpoint RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
+    python -m analysis.probe_checkpoint RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
                                         [--device cpu|cuda] [--out FILE.md]
 
 Loads a checkpoint (a run folder's newest intact one, or the given ``step_XXXXXXXX`` folder; its files' SHA-256 are
@@ -184,7 +184,7 @@ def to_markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.probe_checkpoint", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m analysis.probe_checkpoint", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", type=Path, help="run folder (its newest intact checkpoint) or a checkpoint file")
     parser.add_argument("--batches", type=int, default=2, help="probe batches (default 2)")
