@@ -8,7 +8,7 @@ verified), builds the model from the run's saved ``config.yaml`` (layout indepen
 single-device model's tensors, in whatever shards the layout wrote; this one process reads them whole), and runs
 ``--batches`` probe batches (the monitors' probe batch: ``monitor.probe_batch_size`` validation windows each,
 consecutive windows for later batches) through it in eval mode under the run's autocast and attention. Every layer's
-q, k, v and dO are captured (launcher/monitors/probe.py); then, per layer, head and mode, delta_lp - delta_hp =
+q, k, v and dO are captured (launcher/monitors/capture.py); then, per layer, head and mode, delta_lp - delta_hp =
 rowsum(dO * O_mode) - rowsum(dO * O_fp64) on every row, where O_mode is the O that mode's backward uses (emulated
 by the reference on CPU, the Triton kernel on CUDA, from the same bf16 q, k, v) and O_fp64 is exact attention.
 
@@ -37,7 +37,7 @@ from launcher.data import eval_offsets, windows
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, scores
 from kernels.reference import exact_attention
 from launcher.monitors.delta_bias import delta_difference, saved_output
-from launcher.monitors.probe import run_probe
+from launcher.monitors.capture import capture_model
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.materialize import materialize
 from launcher.parallel.names import named_parameters
@@ -128,7 +128,7 @@ def probe_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = No
         t0 = time.time()
         batch = tuple(t.to(dev) for t in windows(data.val, offsets[b * size:(b + 1) * size], seq_len))
         with torch.enable_grad():
-            captured = run_probe(model, batch, autocast, layers)
+            captured = capture_model(model, batch, autocast, layers)
         for i in layers:
             cap = captured.layers[i]
             qi, ki, vi = (kernel_inputs(t, "reference") for t in (cap.q, cap.k, cap.v))
