@@ -12,7 +12,7 @@ from tests.runs import REPO, launcher_env
 MOVED = {  # old command -> where it lives now
     "launcher.margin": "analysis.margin",
     "launcher.warning_calibration": "analysis.warning_calibration",
-    "launcher.probe_checkpoint": "analysis.probe_checkpoint",
+    "launcher.probe_checkpoint": "analysis.checkpoint_delta_bias",
 }
 
 

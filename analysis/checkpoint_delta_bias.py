@@ -1,6 +1,6 @@
-"""Trained-layer probe: does real trained attention meet the tie mechanism?
+"""The delta bias of a trained checkpoint: does real trained attention meet the tie mechanism?
 
-    python -m analysis.probe_checkpoint RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
+    python -m analysis.checkpoint_delta_bias RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
                                         [--device cpu|cuda] [--out FILE.md]
 
 Loads a checkpoint (a run folder's newest intact one, or the given ``step_XXXXXXXX`` folder; its files' SHA-256 are
@@ -45,30 +45,30 @@ from launcher.parallelize import bind_attention
 from launcher.trainer import autocast_factory, build_model, open_data
 
 
-class ProbeError(Exception):
-    """A path or setting the probe cannot use; the message says what to give instead."""
+class InputError(Exception):
+    """A path or setting this tool cannot use; the message says what to give instead."""
 
 
 def find_checkpoint(path: Path) -> tuple[Path, Path]:
     """(run folder, verified checkpoint file) for a run folder or a checkpoint file."""
     if not path.exists():
-        raise ProbeError(f"{path} does not exist; give a run folder (runs/<experiment>/<arm>) or one of its "
+        raise InputError(f"{path} does not exist; give a run folder (runs/<experiment>/<arm>) or one of its "
                          "checkpoints/step_XXXXXXXX folders")
     if path.is_dir() and path.parent.name != "checkpoints":
         run_dir = path
         checkpoint = CheckpointStore(run_dir).latest()
         if checkpoint is None:
-            raise ProbeError(f"{path} holds no complete checkpoint (checkpoints/step_XXXXXXXX/ with its "
+            raise InputError(f"{path} holds no complete checkpoint (checkpoints/step_XXXXXXXX/ with its "
                              "checksums.json); give a run folder trained with checkpoint.interval > 0, or a checkpoint")
     else:
         run_dir, checkpoint = path.resolve().parent.parent, path
         if not path.is_dir() or not checkpoint.name.startswith(("step_", "warning_step_")):
-            raise ProbeError(f"{path} is not a checkpoint: expected <run folder>/checkpoints/step_XXXXXXXX")
+            raise InputError(f"{path} is not a checkpoint: expected <run folder>/checkpoints/step_XXXXXXXX")
     problem = CheckpointStore(run_dir).problem(checkpoint)
     if problem:
-        raise ProbeError(f"checkpoint {checkpoint} fails verification ({problem}); give an intact one")
+        raise InputError(f"checkpoint {checkpoint} fails verification ({problem}); give an intact one")
     if not (run_dir / "config.yaml").is_file():
-        raise ProbeError(f"{run_dir} has no config.yaml: the probe builds the model from the run's saved config")
+        raise InputError(f"{run_dir} has no config.yaml: this tool builds the model from the run's saved config")
     return run_dir, checkpoint
 
 
@@ -76,14 +76,14 @@ def load_model(run_dir: Path, checkpoint: Path, device: torch.device):
     """(config, model on ``device`` with the checkpoint's parameters, in eval mode)."""
     tree = yaml.safe_load((run_dir / "config.yaml").read_text())
     config = build_config(tree, tree.get("run", {}).get("arm"))
-    config.precision.fp8_ffn = False  # the probe looks at attention; BF16 FFNs need no Transformer Engine
+    config.precision.fp8_ffn = False  # this looks at attention; BF16 FFNs need no Transformer Engine
     dims = ParallelDims(device=device)
     model, _, _ = build_model(config)
     materialize(named_parameters(model), config.model, model.seed, ParallelDims())  # on the CPU, then read into
     try:
         load_model_weights(checkpoint, model)
     except ConfigError as err:
-        raise ProbeError(str(err)) from None
+        raise InputError(str(err)) from None
     bind_attention(model, config, dims)  # one process: of the layout's steps only the attention applies
     return config, model.to(device).eval()
 
@@ -95,16 +95,16 @@ def parse_modes(names: list[str] | None) -> list[Mode]:
     for name in names:
         rounding, _, fix = name.partition("/")
         if Mode(rounding, fix) not in default_modes():
-            raise ProbeError(f"--modes: {name!r} is not a mode; use rounding/fix, e.g. "
+            raise InputError(f"--modes: {name!r} is not a mode; use rounding/fix, e.g. "
                              f"{', '.join(m.label for m in default_modes())}")
         modes.append(Mode(rounding, fix))
     return modes
 
 
 @torch.no_grad()
-def probe_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = None, device: str | None = None,
-                     progress=None) -> dict:
-    """Run the probe (see the module docstring). Returns {'checkpoint', 'config', 'modes', 'delta': {(layer, head,
+def measure_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = None, device: str | None = None,
+                       progress=None) -> dict:
+    """Measure the checkpoint (see the module docstring). Returns {'checkpoint', 'config', 'modes', 'delta': {(layer, head,
     label): {'mean', 'rms', 'rows_positive', 'batches_same_sign'}}, 'ties': {(layer, head): {'tie_rate',
     'tile_tie_rate'}}}."""
     say = progress or (lambda msg: None)
@@ -166,7 +166,7 @@ def probe_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = No
 def to_markdown(result: dict) -> str:
     config = result["config"]
     att = config.attention
-    lines = [f"Trained-layer probe of {result['checkpoint']} (run numerics {att.rounding}/{att.fix}, "
+    lines = [f"Delta bias of the trained layers of {result['checkpoint']} (run numerics {att.rounding}/{att.fix}, "
              f"emulated by the {result['backend']} backend), {result['batches']} batch(es) x "
              f"{config.monitor.probe_batch_size} x {config.data.seq_len} tokens.", "",
              "Delta error delta_lp - delta_hp per row against fp64: mean, RMS, fraction of rows positive, fraction "
@@ -184,7 +184,7 @@ def to_markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.probe_checkpoint", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m analysis.checkpoint_delta_bias", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", type=Path, help="run folder (its newest intact checkpoint) or a checkpoint file")
     parser.add_argument("--batches", type=int, default=2, help="probe batches (default 2)")
@@ -201,8 +201,8 @@ def main(argv=None) -> int:
         parser.error(f"--out: folder {args.out.resolve().parent} does not exist")
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        result = probe_checkpoint(args.path, args.batches, parse_modes(args.modes), args.device, progress)
-    except (ProbeError, CheckpointError, ConfigError) as err:
+        result = measure_checkpoint(args.path, args.batches, parse_modes(args.modes), args.device, progress)
+    except (InputError, CheckpointError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     table = to_markdown(result)
