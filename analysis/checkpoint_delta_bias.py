@@ -1,7 +1,8 @@
 """The delta bias of a trained checkpoint: does real trained attention meet the tie mechanism?
 
-    python -m analysis.checkpoint_delta_bias RUN_DIR_OR_CHECKPOINT [--batches N] [--modes fa2/none paper/dynamic_max ...]
-                                        [--device cpu|cuda] [--out FILE.md]
+    python -m analysis.checkpoint_delta_bias RUN_DIR_OR_CHECKPOINT [--batches N]
+                                             [--modes fa2/none paper/dynamic_max ...] [--device cpu|cuda]
+                                             [--out FILE.md]
 
 Loads a checkpoint (a run folder's newest intact one, or the given ``step_XXXXXXXX`` folder; its files' SHA-256 are
 verified), builds the model from the run's saved ``config.yaml`` (layout independent: a checkpoint holds the
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from kernels.bias_probe import Mode, default_modes
+from kernels.tie_bias import Mode, default_modes
 from kernels.modes import AttentionSettings, tie_tile_keys
 from launcher.checkpoint import CheckpointError, CheckpointStore, load_model_weights
 from launcher.config import ConfigError, build_config
@@ -104,9 +105,9 @@ def parse_modes(names: list[str] | None) -> list[Mode]:
 @torch.no_grad()
 def measure_checkpoint(path: Path, batches: int = 2, modes: list[Mode] | None = None, device: str | None = None,
                        progress=None) -> dict:
-    """Measure the checkpoint (see the module docstring). Returns {'checkpoint', 'config', 'modes', 'delta': {(layer, head,
-    label): {'mean', 'rms', 'rows_positive', 'batches_same_sign'}}, 'ties': {(layer, head): {'tie_rate',
-    'tile_tie_rate'}}}."""
+    """Measure the checkpoint (see the module docstring). Returns {'checkpoint', 'config', 'modes', 'delta':
+    {(layer, head, label): {'mean', 'rms', 'rows_positive', 'batches_same_sign'}}, 'ties': {(layer, head):
+    {'tie_rate', 'tile_tie_rate'}}}."""
     say = progress or (lambda msg: None)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     modes = modes or default_modes()
@@ -184,7 +185,8 @@ def to_markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.checkpoint_delta_bias", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m analysis.checkpoint_delta_bias",
+                                     description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", type=Path, help="run folder (its newest intact checkpoint) or a checkpoint file")
     parser.add_argument("--batches", type=int, default=2, help="probe batches (default 2)")

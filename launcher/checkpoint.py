@@ -409,8 +409,9 @@ class CheckpointStore:
 
     def keep(self, step: int, label: str) -> Path:
         """Keep step ``step``'s checkpoint outside the two-kept rotation as ``<label>_step_XXXXXXXX/`` (hard links to
-        its files where the file system allows, else copies). Pruning never touches these; analysis.checkpoint_delta_bias
-        and a resume pointed at them read them like any checkpoint. The logging rank calls it, after the save."""
+        its files where the file system allows, else copies). Pruning never touches these;
+        analysis.checkpoint_delta_bias and a resume pointed at them read them like any checkpoint. The logging rank
+        calls it, after the save."""
         source = self.dir / self.name(step)
         kept = self.dir / f"{label}_{source.name}"
         shutil.rmtree(kept, ignore_errors=True)

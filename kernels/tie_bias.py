@@ -1,8 +1,8 @@
-"""Bias probe: the signed rounding error of O and of delta = rowsum(dO * O) on rows with k tied maxima.
+"""Tie bias: the signed rounding error of O and of delta = rowsum(dO * O) on rows with k tied maxima.
 
-    python -m kernels.bias_probe [--backend reference|triton] [--case tile|spread|dominant|sink ...]
-                                 [--paper-block-keys N ...] [--sequences N] [--seed S] [--fixed-tiles]
-                                 [--out FILE.md]
+    python -m kernels.tie_bias [--backend reference|triton] [--case tile|spread|dominant|sink ...]
+                               [--paper-block-keys N ...] [--sequences N] [--seed S] [--fixed-tiles]
+                               [--out FILE.md]
 
 Common construction (bf16, head_dim 64, non-causal). Each sequence has seq/16 anchor keys, split evenly over the
 case's tie counts k; anchor g is a random key vector (norm 8) copied to k positions, so its k scores are exactly
@@ -190,8 +190,8 @@ def measure(q, k, v, d_out, row_ties, mode, backend: str, o_ref=None, autotune: 
     return result
 
 
-def run_probe(backend: str = "reference", sequences: int = 32, seed: int | None = None, modes=None, cases=None,
-              paper_block_keys=(None,), progress=None, autotune: bool = True) -> tuple[int, dict]:
+def measure_cases(backend: str = "reference", sequences: int = 32, seed: int | None = None, modes=None, cases=None,
+                  paper_block_keys=(None,), progress=None, autotune: bool = True) -> tuple[int, dict]:
     """Measure ``modes`` (Mode, EXACT or SDPA names; default: every mode, bf16(exact), SDPA on CUDA) on ``cases``
     (names; default all). Returns (seed, {case: {label: result}}); ``sequences`` counts 256-row sequences.
     ``autotune`` False: the Triton backend runs on its fixed tiles (``kernels.flash_attention``)."""
@@ -226,7 +226,7 @@ def to_markdown(results: dict, backend: str, sequences: int, seed: int, device: 
     """One table per case, with the theory row for paper/none in the tile case."""
     columns = [f"{name} k={t}" for name in ("O imb", "O ctl", "delta") for t in TIE_COUNTS]
     head = "| mode | " + " | ".join(columns) + " | NaN rows | zeroed rows |"
-    lines = [f"Bias probe: backend={backend}, device={device}, {sequences * BASE_SEQ} rows per case, seed={seed}.",
+    lines = [f"Tie bias: backend={backend}, device={device}, {sequences * BASE_SEQ} rows per case, seed={seed}.",
              "O columns: mean signed error of O in bf16 ulps (imb = sign-imbalanced channels, ctl = control);",
              "delta columns: mean delta error in units of sum_c |dO_c| ulp(O_c) (dO has the sign of V).", ""]
     for name, by_mode in results.items():
@@ -246,7 +246,7 @@ def to_markdown(results: dict, backend: str, sequences: int, seed: int, device: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bias_probe", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m kernels.tie_bias", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="reference", help="reference (PyTorch, CPU or GPU) or triton (CUDA; "
                         "on a machine without CUDA the Triton interpreter is used, which is slow)")
@@ -286,8 +286,8 @@ def main(argv=None) -> int:
             device = "cpu (Triton interpreter)"
             print("no CUDA device: running the Triton kernel under TRITON_INTERPRET=1 (slow)", file=sys.stderr)
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    seed, results = run_probe(args.backend, args.sequences, args.seed, cases=args.case, paper_block_keys=tiles,
-                              progress=progress, autotune=not args.fixed_tiles)
+    seed, results = measure_cases(args.backend, args.sequences, args.seed, cases=args.case, paper_block_keys=tiles,
+                                  progress=progress, autotune=not args.fixed_tiles)
     table = to_markdown(results, args.backend, args.sequences, seed, device)
     print(table)
     if args.out:
