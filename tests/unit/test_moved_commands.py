@@ -1,5 +1,5 @@
-"""Commands that moved keep their old names (issue 35, "the house"): ``python -m launcher.margin`` and the others are
-forwarding addresses that run the module's new home, and launcher/ imports nothing of analysis/."""
+"""Commands that moved or were renamed keep their old names (issue 35, "the house"): ``python -m launcher.margin``
+and the others are forwarding addresses that run the module's new home, and launcher/ imports nothing of analysis/."""
 
 import ast
 import subprocess
@@ -13,6 +13,7 @@ MOVED = {  # old command -> where it lives now
     "launcher.margin": "analysis.margin",
     "launcher.warning_calibration": "analysis.warning_calibration",
     "launcher.probe_checkpoint": "analysis.checkpoint_delta_bias",
+    "kernels.bias_probe": "kernels.tie_bias",
 }
 
 
