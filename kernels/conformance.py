@@ -24,13 +24,13 @@ of the per-row means):
 
 Cases (inputs bf16, head_dim 64; ``--rows`` query rows per case):
 
-- ``ties`` (k = 1..4): the bias probe's ``tile`` construction (kernels/bias_probe.py): rows whose maximum score is
+- ``ties`` (k = 1..4): the tie-bias ``tile`` construction (kernels/tie_bias.py): rows whose maximum score is
   attained by k keys inside one 64-key tile, V in one binade per channel, dO with V's sign; non-causal.
 - ``v1``: random q, k (scores ~N(0, 2^2)), V = 1 (the exact O is 1 and delta = rowsum(dO)); causal. A kernel whose numerator and
   denominator disagree (PV from bf16 P, l from FP32 P) shows here.
 - ``negative``: the ``ties`` rows with every score shifted by -200 (a common -50 x 32 / 8 in one channel): very
   negative rows with repeated maxima. The published dynamic-max rule sets m = 0 there and underflows.
-- ``long``: the probe's ``sink`` construction (ties anywhere in the row, the other keys' V closer to 0) at
+- ``long``: the tie-bias ``sink`` construction (ties anywhere in the row, the other keys' V closer to 0) at
   ``--long-keys`` keys; non-causal. The fa2 midpoint bias and paper's bf16 row sum show here.
 - ``realistic``: synthetic rows shaped like a trained layer's (low-rank q and k around a shared mean, an attention
   sink at key 0 with small V, per-channel offsets of V and dO); causal. ``--inputs FILE.pt`` replaces it by
@@ -52,8 +52,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.bias_probe import CASES as PROBE_CASES
-from kernels.bias_probe import build_inputs
+from kernels.tie_bias import CASES as TIE_CASES
+from kernels.tie_bias import build_inputs
 from kernels.modes import FIXES, ROUNDINGS, AttentionSettings
 from kernels.reference import exact_attention
 from kernels.rounding import bf16_ulp
@@ -79,7 +79,7 @@ class Inputs:
     groups: dict
 
 
-def _ties_inputs(rows: int, gen: torch.Generator, case=PROBE_CASES["tile"]):
+def _ties_inputs(rows: int, gen: torch.Generator, case=TIE_CASES["tile"]):
     q, k, v, d_out, row_ties = build_inputs(max(1, rows // case.seq), gen, case)
     return q, k, v, d_out, row_ties.unsqueeze(0)
 
@@ -96,7 +96,7 @@ def make_case(name: str, rows: int, seed: int, long_keys: int = 2048, inputs_fil
         q[..., -1], k[..., -1] = 32.0, -50.0  # every score of a row shifted by -32 x 50 / 8 = -200, ties kept
         return Inputs(q, k, v, d_out, False, {"negative": torch.ones_like(ties, dtype=torch.bool)})
     if name == "long":
-        case = replace(PROBE_CASES["sink"], seq=long_keys)
+        case = replace(TIE_CASES["sink"], seq=long_keys)
         q, k, v, d_out, ties = _ties_inputs(max(rows, long_keys), gen, case)
         return Inputs(q, k, v, d_out, False, {"long": torch.ones_like(ties, dtype=torch.bool)})
     if name == "v1":

@@ -417,7 +417,7 @@ def saved_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: At
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention in FP64 of the given (low-precision) inputs: (O, P), (B, H, T, hd) and (B, H, T, T).
 
-    The one ground truth that tests, the bias probe and the delta-bias monitors compare against; k/v heads are
+    The one ground truth that tests, the tie-bias measurement and the delta-bias monitors compare against; k/v heads are
     repeated for grouped-query attention; differentiable (tests take fp64 gradients through it)."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]

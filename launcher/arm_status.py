@@ -32,7 +32,7 @@ BLEW_UP = ("stopped", "diverged", "loss_rose")  # the training itself failed (no
 @dataclass
 class Ending:
     """How an arm ended (or that it has not): ``status`` as in the module docstring, plus ``killed``, ``diverged``
-    (judged by the margin tool's rule, launcher/margin_report.py), ``loss_rose`` (completed, but its loss ended far
+    (judged by the margin tool's rule, analysis/margin_report.py), ``loss_rose`` (completed, but its loss ended far
     above where it started: a blow-up the guard let through because every value was finite; set by the report),
     ``running`` (still at work) and ``unknown``."""
 

@@ -409,8 +409,9 @@ class CheckpointStore:
 
     def keep(self, step: int, label: str) -> Path:
         """Keep step ``step``'s checkpoint outside the two-kept rotation as ``<label>_step_XXXXXXXX/`` (hard links to
-        its files where the file system allows, else copies). Pruning never touches these; launcher.probe_checkpoint
-        and a resume pointed at them read them like any checkpoint. The logging rank calls it, after the save."""
+        its files where the file system allows, else copies). Pruning never touches these;
+        analysis.checkpoint_delta_bias and a resume pointed at them read them like any checkpoint. The logging rank
+        calls it, after the save."""
         source = self.dir / self.name(step)
         kept = self.dir / f"{label}_{source.name}"
         shutil.rmtree(kept, ignore_errors=True)
@@ -513,7 +514,7 @@ def check_fits(saved: dict[str, Optional[tuple[int, ...]]], model: nn.Module, pa
 
 def load_model_weights(path: Path, model: nn.Module) -> None:
     """The checkpoint's parameters into a plain, materialised single-device ``model`` (one process: a tool's path,
-    e.g. launcher/probe_checkpoint.py; training reads through the engine's pieces)."""
+    e.g. analysis/checkpoint_delta_bias.py; training reads through the engine's pieces)."""
     check_fits(sharded.saved_shapes(path), model, path)
     pieces = [Piece(name, PARAM, p, tuple(p.shape), 0, p.detach()) for name, p in named_parameters(model)]
     sharded.load(training_entries(pieces, ParallelDims()), path, alone=True)

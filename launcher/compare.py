@@ -42,7 +42,7 @@ EVENTS_GLOB = "events.out.tfevents.*"
 # as the arms are ordered here: an arm has one colour in the report and in TensorBoard (baseline orange, fixed blue)
 TENSORBOARD_COLORS = ("#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb")
 LOSS_RISE_NATS = 1.0  # a completed arm whose last logged loss is this far above its first one blew up
-MARGIN_STATE_FILE = "margin_state.json"  # launcher/margin_report.py's record, beside a margin run's seed folders
+MARGIN_STATE_FILE = "margin_state.json"  # analysis/margin_report.py's record, beside a margin run's seed folders
 LAYOUT_SUFFIX = ".layout"
 DEFAULT_CRITERIA = {"divergence_threshold": 0.05, "divergence_consecutive": 5, "smoothing": 10,
                     "divergence_tag": tags.TRAIN_LOSS, "reference_arm": None}

@@ -591,7 +591,7 @@ def arm_names(tree: dict) -> list[str]:
 def build_config(tree: dict, arm: Optional[str] = None, world_size: Optional[int] = None) -> Config:
     """Typed, validated Config for one arm of a recipe dict (arm None: the recipe's first arm)."""
     if "margin" in tree:
-        raise ConfigError("this recipe has a margin section (a grid of arms): run it with `python -m launcher.margin "
+        raise ConfigError("this recipe has a margin section (a grid of arms): run it with `python -m analysis.margin "
                           "RECIPE`, not launcher.pretrain")
     arms = tree.get("arms") or {}
     if not isinstance(arms, dict):

@@ -28,9 +28,9 @@ from torch import nn
 
 from model.attention import AttentionFn, sdpa_attention
 
-# A probe sees one attention call (layer index, q, k, v, o) and returns o, possibly with hooks attached;
-# monitors use it to capture attention inputs and output gradients on a probe batch.
-AttentionProbe = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# An attention hook sees one attention call (layer index, q, k, v, o) and returns o, possibly with autograd hooks
+# attached; the monitors use it to capture attention inputs and output gradients on their probe batch.
+AttentionHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -85,7 +85,7 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(d, d, bias=config.bias)
         self.attention_fn = attention_fn
         self.dropout = nn.Dropout(config.dropout)
-        self.probe: Optional[AttentionProbe] = None
+        self.attention_hook: Optional[AttentionHook] = None
         self.fused_qkv = True
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,8 +104,8 @@ class CausalSelfAttention(nn.Module):
         b, t, _ = x.shape
         q, k, v = (self._heads(y) for y in self._qkv(x))
         o = self.attention_fn(q, k, v, layer=self.layer_idx, row_keys=row_keys)
-        if self.probe is not None:
-            o = self.probe(self.layer_idx, q, k, v, o)
+        if self.attention_hook is not None:
+            o = self.attention_hook(self.layer_idx, q, k, v, o)
         o = o.transpose(1, 2).reshape(b, t, -1)  # (B, T, heads * hd): d, or this rank's heads under tensor parallelism
         return self.dropout(self.out_proj(o))
 

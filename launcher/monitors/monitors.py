@@ -50,7 +50,7 @@ from launcher.parallel.tensor import Shard, gather_full, head_range, shard_of
 from launcher.sharded import Sharded
 from launcher.monitors.attention_stats import head_stats, kernel_inputs, layer_stats, scores
 from launcher.monitors.delta_bias import cosine_from_parts, layer_delta_bias
-from launcher.monitors.probe import ProbeResult, run_probe, run_stage_probe
+from launcher.monitors.capture import Capture, capture_model, capture_stage
 from launcher.monitors.qk_update import QKUpdateTracker, activation_entropy, layer_aggregates, token_positions
 from launcher.monitors.spectral import SpectralTracker
 from launcher.monitors.warning import EarlyWarning, Onset, WarningRule
@@ -499,18 +499,18 @@ class Monitors:
                       f"{cost:.3f} s per call, every {self.probe_interval} steps", flush=True)
         return result
 
-    def _probe_pass(self, grad_layers: list[int]) -> ProbeResult:
+    def _probe_pass(self, grad_layers: list[int]) -> Capture:
         """The probe batch through this rank's layers: the whole model, or under a pipeline this rank's stage, with
         activations and gradients passed between the stages (every stage takes part; probe.py)."""
         dims = self.dims
         if dims.pp == 1:
-            return run_probe(self.model, self.probe_batch, self.autocast, grad_layers, self.layers)
+            return capture_model(self.model, self.probe_batch, self.autocast, grad_layers, self.layers)
         # what crosses a stage boundary: (batch, positions of this rank, d_model); sequence parallelism keeps T / tp
         batch_size, seq_len = self.probe_batch[0].shape
         hidden = (batch_size, local_seq_len(seq_len, dims, self.sequence_parallel), self.d_model)
-        return run_stage_probe(self.model, self.engine.stage_functions(), self.engine.model_loss, self.layers,
-                               self.probe_batch, self.autocast, grad_layers, self.any_delta, dims.pp_rank, dims.pp,
-                               dims.pp_group, hidden, dims.device)
+        return capture_stage(self.model, self.engine.stage_functions(), self.engine.model_loss, self.layers,
+                             self.probe_batch, self.autocast, grad_layers, self.any_delta, dims.pp_rank, dims.pp,
+                             dims.pp_group, hidden, dims.device)
 
     @torch.no_grad()
     def _delta_bias(self, probe) -> dict[str, float]:

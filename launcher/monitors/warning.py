@@ -25,7 +25,7 @@ its onsets). The signals (:data:`SIGNALS`):
 
 Every signal's value is computed whenever its inputs were logged (thresholds only decide what counts), so the values
 are logged as ``warning/<signal>`` and a replay of the logged series (:func:`replay`) gives the same numbers as the
-live rule; the margin report and the calibration (launcher/warning_calibration.py) replay the logged series with
+live rule; the margin report and the calibration (analysis/warning_calibration.py) replay the logged series with
 other thresholds. At an onset the rule says which conditions fired, on which head, and whether the numerics signals
 (tie rate against its own recent level, the delta bias's sign) agree, so that a numerics alarm can be told from a
 learning-rate one (:class:`Onset`).

@@ -264,7 +264,7 @@ class PipelineEngine(ZeroEngine):
         return self.stage.blocks()
 
     def stage_functions(self) -> list[Callable]:
-        """This stage's layers in order (the monitors' probe pass runs them itself, launcher/monitors/probe.py)."""
+        """This stage's layers in order (the monitors' probe pass runs them itself, launcher/monitors/capture.py)."""
         return self.stage.functions()
 
     def _stage_loss(self) -> float:

@@ -233,6 +233,6 @@ def test_impossible_layouts_fail_before_any_work_with_one_message(common, out_di
     proc = launch([*common, *overrides, "run.experiment=impossible", "run.max_steps=2"], nproc, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and out.count(message) == 1, out[-3000:]
-    for package in ("launcher", "model", "kernels"):  # no traceback through our code (torchrun prints its own)
+    for package in ("launcher", "analysis", "model", "kernels"):  # no traceback through our code (torchrun: its own)
         assert f'File "{REPO / package}' not in out, out[-3000:]
     assert not (out_dir / "impossible").exists()

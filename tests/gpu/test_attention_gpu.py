@@ -1,5 +1,5 @@
 """The Triton kernel on a CUDA GPU: accuracy of every mode against fp64 and the reference, bit-level agreement where
-designed, the fixes' safety under the GPU's approximate exp2 and flush-to-zero, the bias probe, torch.compile.
+designed, the fixes' safety under the GPU's approximate exp2 and flush-to-zero, the tie-bias measurement, torch.compile.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu/test_attention_gpu.py``. Skipped without CUDA. Launches use
 the fixed tile configuration (``autotune=False``) so that the reference can use the same key tile and compile time
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import kernels  # noqa: E402
-from kernels.bias_probe import Mode, run_probe  # noqa: E402
+from kernels.tie_bias import Mode, measure_cases  # noqa: E402
 from tests.attention_common import (MODES, NAN, assert_head_slices_match_whole, fp64_out_and_grads,  # noqa: E402
                                     head_slices, nan_filled, rel_err, tied_maxima_inputs)
 
@@ -128,13 +128,13 @@ def test_published_rule_failure_reproduced(rounding):
     assert (out == 0).all()
 
 
-def test_bias_probe_on_gpu(seed):
+def test_tie_bias_on_gpu(seed):
     modes = [Mode("paper", "none"), Mode("paper", "dynamic_max"), Mode("fa2", "none"), Mode("fa2", "dynamic_max")]
-    _, by_case = run_probe("triton", sequences=32, seed=seed, modes=modes, cases=["tile", "sink"], autotune=False)
+    _, by_case = measure_cases("triton", sequences=32, seed=seed, modes=modes, cases=["tile", "sink"], autotune=False)
     res, sink = by_case["tile"], by_case["sink"]
     assert -0.32 < res["paper/none"]["o_imb"][2] < -0.18, f"seed={seed}: {res['paper/none']}"
     assert all(abs(x) < 0.05 for x in res["fa2/dynamic_max"]["o_imb"].values()), f"seed={seed}"
-    # k=1 rows carry the rounding of l = bf16(1 + eps) in the probe's one (whole-row) paper tile, ~-0.2 ulp, fix or not
+    # k=1 rows carry the rounding of l = bf16(1 + eps) in the tile case's whole-row paper tile, ~-0.2 ulp, fix or not
     paper_fixed = res["paper/dynamic_max"]["o_imb"]
     assert all(abs(paper_fixed[k]) < 0.13 for k in (2, 3, 4)), f"seed={seed}: {paper_fixed}"
     assert sink["fa2/none"]["o_imb"][2] > 0.15, f"seed={seed}: the fa2 midpoint bias of sink-like V: {sink}"

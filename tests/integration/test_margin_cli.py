@@ -1,4 +1,4 @@
-"""``python -m launcher.margin`` end to end on CPU: two arms of a smoke-size model on the embedded corpus (arms that
+"""``python -m analysis.margin`` end to end on CPU: two arms of a smoke-size model on the embedded corpus (arms that
 differ in attention.fix, fields every checkout has) trained side by side for tens of steps, the report written; a
 rerun trains nothing and rewrites the report; Ctrl-C saves every arm and the same command resumes them. Plumbing
 only: nothing diverges at this size (the rules are tested in tests/unit/test_margin.py)."""
@@ -20,7 +20,7 @@ TINY = ["margin.numerics=[paper/none,paper/fp32_output]", "margin.gains=[1]", "m
 def test_margin_cli_two_arms(tmp_path, kjv_data):
     # kjv_data: the embedded corpus prepared once per test session (conftest.py)
     args = ["margin", *TINY, f"data.data_dir={kjv_data}", f"run.out_dir={tmp_path}", "run.experiment=m"]
-    proc = launch(args, module="launcher.margin", timeout=300)
+    proc = launch(args, module="analysis.margin", timeout=300)
     out = proc.stdout
     assert "2 cells -> 2 distinct runs" in out and "estimate:" in out
     assert "survived 20 steps" in out and "[margin] report:" in out
@@ -38,7 +38,7 @@ def test_margin_cli_two_arms(tmp_path, kjv_data):
 
     assert tags.WARNING in load_scalars(arm)  # the early-warning flag is logged by every run's monitors
     # the same command again: every arm is judged already, so nothing trains; the report is written again
-    again = launch(args, module="launcher.margin", timeout=120).stdout
+    again = launch(args, module="analysis.margin", timeout=120).stdout
     assert "[margin] start" not in again and "[margin] report:" in again
 
 
@@ -56,7 +56,7 @@ def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path, kjv_data):
     args = ["margin", *TINY, f"data.data_dir={kjv_data}", "run.max_steps=1000000", "margin.budget_minutes=0", "run.log_interval=5",
             f"run.out_dir={tmp_path}", "run.experiment=m"]
     log = tmp_path / "m" / "seed_1337" / "logs" / "paper-none_g1_kept.log"
-    with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
+    with subprocess.Popen([sys.executable, "-m", "analysis.margin", *args], cwd=REPO, env=launcher_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         deadline = time.monotonic() + 120
         while not (log.is_file() and "step     10/" in log.read_text()):
@@ -70,7 +70,7 @@ def test_margin_ctrl_c_saves_and_the_rerun_resumes(tmp_path, kjv_data):
     assert {a["status"] for a in state["arms"].values()} == {"interrupted"}, state
     # the same command resumes the arms from the checkpoints they saved; margin.max_minutes (not part of the arms'
     # recipe) stops it again by itself, the way a fixed-length allocation would
-    again = launch([*args, "margin.max_minutes=0.4"], module="launcher.margin", timeout=180, check=False)
+    again = launch([*args, "margin.max_minutes=0.4"], module="analysis.margin", timeout=180, check=False)
     assert again.returncode == 130, again.stdout[-3000:]
     assert "margin.max_minutes=0.4 spent" in again.stdout and "resumed from" in log.read_text()
     state = json.loads((tmp_path / "m" / "margin_state.json").read_text())
@@ -86,7 +86,7 @@ def test_a_grid_larger_than_the_machine_is_refused_and_the_plan_needs_no_data(tm
     from tests.runs import REPO, launcher_env
 
     def margin(*args):
-        return subprocess.run([sys.executable, "-m", "launcher.margin", "margin", *TINY, "margin.processes=4",
+        return subprocess.run([sys.executable, "-m", "analysis.margin", "margin", *TINY, "margin.processes=4",
                                f"run.out_dir={tmp_path}", "run.experiment=m", *args], cwd=REPO, env=launcher_env(),
                               capture_output=True, text=True, timeout=120)
 
@@ -115,7 +115,7 @@ def test_a_killed_arm_is_named_and_retried_by_the_same_command(tmp_path, kjv_dat
     args = ["margin", *TINY, f"data.data_dir={kjv_data}", f"run.out_dir={tmp_path}", "run.experiment=m",
             "run.max_steps=30", "run.log_interval=1", "checkpoint.interval=4", "margin.budget_minutes=0"]
     log = tmp_path / "m" / "seed_1337" / "logs" / "paper-none_g1_kept.log"
-    with subprocess.Popen([sys.executable, "-m", "launcher.margin", *args], cwd=REPO, env=launcher_env(),
+    with subprocess.Popen([sys.executable, "-m", "analysis.margin", *args], cwd=REPO, env=launcher_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         deadline = time.monotonic() + 120
         while not (log.is_file() and "step      9/" in log.read_text()):

@@ -392,11 +392,11 @@ def test_noise_follows_the_global_head_and_batch_row_not_the_layout(seed):
             assert same_bits(a, w[b:b + 1])
 
 
-def test_bias_probe_runs_with_stochastic_output(seed):
-    from kernels.bias_probe import Mode, run_probe
+def test_tie_bias_runs_with_stochastic_output(seed):
+    from kernels.tie_bias import Mode, measure_cases
 
     modes = [Mode("fa2", "stochastic_output"), Mode("paper", "stochastic_output")]
-    _, by_case = run_probe("reference", sequences=4, seed=seed, modes=modes, cases=["tile"])
+    _, by_case = measure_cases("reference", sequences=4, seed=seed, modes=modes, cases=["tile"])
     res = by_case["tile"]
     assert all(r["nan_rows"] == 0 for r in res.values())
     assert all(abs(x) < 0.2 for r in res.values() for x in r["o_imb"].values()), res

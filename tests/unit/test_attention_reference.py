@@ -1,4 +1,4 @@
-"""The PyTorch reference attention: rounding helpers, accuracy of every mode, the fixes' safety, the bias probe.
+"""The PyTorch reference attention: rounding helpers, accuracy of every mode, the fixes' safety, the tie bias.
 
 Inputs are fresh random draws each run; the seed is printed (shown by pytest on failure) and named in messages.
 """
@@ -11,7 +11,7 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.bias_probe import CASES, EXACT, Mode, build_inputs, run_probe
+from kernels.tie_bias import CASES, EXACT, Mode, build_inputs, measure_cases
 from kernels.modes import AttentionSettings, check_args, mode_kwargs
 from kernels.rounding import SHIFT_LO, rne_bf16, round_lp, safe_shift
 from tests.attention_common import (MODES, NAN, assert_head_slices_match_whole, fp64_out_and_grads, nan_filled,
@@ -338,19 +338,19 @@ def test_published_rule_underflows_to_zeroed_rows(rounding):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Bias probe on the reference
+# Tie bias on the reference
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_bias_probe_reference(seed):
+def test_tie_bias_reference(seed):
     modes = [Mode("paper", "none"), Mode("paper", "dynamic_max"), Mode("paper", "fp32_output"), Mode("fa2", "none"),
              Mode("fa2", "dynamic_max")]
-    _, by_case = run_probe("reference", sequences=16, seed=seed, modes=modes, cases=["tile"])
+    _, by_case = measure_cases("reference", sequences=16, seed=seed, modes=modes, cases=["tile"])
     res = by_case["tile"]
     paper_none = res["paper/none"]["o_imb"]
     assert -0.32 < paper_none[2] < -0.18, f"seed={seed}: paper/none k=2 should be near -1/4 ulp: {paper_none}"
     assert paper_none[3] < -0.08 and paper_none[4] < -0.06
-    # The probe's 256 keys are one paper tile (512 keys by default): l = bf16(1 + eps) rounds the other keys' weight
+    # The tile case's 256 keys are one paper tile (512 keys by default): l = bf16(1 + eps) rounds the other keys' weight
     # eps (~2e-3 < 2^-8) away while O keeps it, so rows without ties are too large in magnitude by ~eps, -0.2 ulp.
     assert -0.35 < paper_none[1] < -0.1, f"seed={seed}: the rounding of l in a whole-row tile: {paper_none}"
     assert res["paper/dynamic_max"]["o_imb"][1] == paper_none[1], "the fix leaves rows without ties alone"
@@ -369,7 +369,7 @@ def test_fa2_tie_bias_across_tiles_and_its_fix(seed):
     """Sink-like V, ties spread over 1024 keys: fa2/none rounds the even-k midpoints toward 0 like a correctly
     rounded O (+1/4, +1/8 ulp at k = 2, 4); the safe fix, which also triggers on ties across tiles, removes it."""
     modes = [Mode("fa2", "none"), Mode("fa2", "dynamic_max"), EXACT]
-    _, by_case = run_probe("reference", sequences=16, seed=seed, modes=modes, cases=["sink"])
+    _, by_case = measure_cases("reference", sequences=16, seed=seed, modes=modes, cases=["sink"])
     res = by_case["sink"]
     none, exact, fixed = (res[m]["o_imb"] for m in ("fa2/none", EXACT, "fa2/dynamic_max"))
     assert 0.18 < none[2] < 0.3 and 0.08 < none[4] < 0.17 and abs(none[3]) < 0.03, f"seed={seed}: {none}"
@@ -378,7 +378,7 @@ def test_fa2_tie_bias_across_tiles_and_its_fix(seed):
     assert all(abs(res["fa2/dynamic_max"]["delta"][t]) < 0.03 for t in (2, 3, 4)), f"seed={seed}"
 
 
-def test_probe_cases_place_ties_as_named(seed):
+def test_tie_bias_cases_place_ties_as_named(seed):
     """Every row's maximum is attained exactly k times; inside one 64-key tile for tile/dominant, across tiles for
     most rows of spread/sink."""
     gen = torch.Generator().manual_seed(seed)

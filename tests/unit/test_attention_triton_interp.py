@@ -241,13 +241,13 @@ def test_safe_shift_in_kernel_matches_reference_bitwise(seed):
 
 @pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
 def test_tied_rows_match_reference(rounding, seed):
-    """Rows with repeated maxima (the bias probe's inputs): the fixes' per-row shifts agree with the reference.
-    The probe's "tile" construction at 128 keys instead of 256 (the interpreter's cost grows with query tiles x key
+    """Rows with repeated maxima (the tie-bias inputs): the fixes' per-row shifts agree with the reference.
+    The tie-bias "tile" construction at 128 keys instead of 256 (the interpreter's cost grows with query tiles x key
     tiles): still 2 query and 2 key tiles of 64 (a running maximum carried across tiles), and rows tied 1 to 4 times
     inside a tile."""
     import dataclasses
 
-    from kernels.bias_probe import CASES, build_inputs
+    from kernels.tie_bias import CASES, build_inputs
 
     case = dataclasses.replace(CASES["tile"], seq=2 * BLOCK_N)
     q, k, v, _, _ = build_inputs(2, torch.Generator().manual_seed(seed), case)

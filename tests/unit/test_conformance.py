@@ -30,7 +30,7 @@ def test_cli_prints_one_line_per_kernel_and_says_what_it_skipped(tmp_path):
 
 
 def test_measures_the_known_answers():
-    """paper/none's tie bias at k = 2 is the theory's 1/4 ulp toward magnitude (the bias probe's tile case); the
+    """paper/none's tie bias at k = 2 is the theory's 1/4 ulp toward magnitude (the tie-bias tile case); the
     correctly rounded O has none on V = 1 (it is 1); exact_delta's delta error is 0 to the printed digits on
     ties, where fa2/none's equals its O error (delta from the bf16 O, dO with V's sign)."""
     result = conformance.run(["ties", "v1"], ["paper/none", "fa2/none", "fa2/exact_delta", conformance.EXACT],

@@ -43,7 +43,7 @@ def test_margin_defaults_table_says_what_the_code_and_the_recipe_set():
     """docs/margin.md's table gives each margin field's default (MarginConfig) and the recipe's value, apart."""
     import yaml
 
-    from launcher.margin import MarginConfig
+    from analysis.margin import MarginConfig
 
     recipe = yaml.safe_load(read("recipes/margin.yaml"))["margin"]
     rows = [line.split("|")[1:4] for line in read("docs/margin.md").splitlines() if line.startswith("| `margin.")]

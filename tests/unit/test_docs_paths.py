@@ -11,7 +11,7 @@ import pytest
 
 from tests.runs import REPO
 
-TOP = ("benchmarks", "data", "docs", "kernels", "launcher", "model", "recipes", "slurm", "tests")
+TOP = ("analysis", "benchmarks", "data", "docs", "kernels", "launcher", "model", "recipes", "slurm", "tests")
 GENERATED = ("data/cache/",)  # made by the commands (prepare_data), not shipped
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(TOP))
 RELATIVE = re.compile(r"(?<![\w./-])(device-runs/[\w./*-]*[\w*/])")
@@ -19,7 +19,7 @@ DEVICE_RUN = re.compile(r"device-runs/[\w.=-]+")
 BARE_FILE = re.compile(r"`([\w./=-]+\.(?:log|json|sh|py|md|png|txt|xml)|[\w.=-]+/)`")  # a file, or a folder/
 LINK = re.compile(r"\]\(([^)\s#]+)\)")  # markdown links and images
 MODULE = re.compile(r"python3? -m ((?:%s)(?:\.\w+)+)" % "|".join(TOP))
-REPORT_WRITERS = ("launcher/compare.py", "launcher/margin_report.py", "launcher/margin.py")
+REPORT_WRITERS = ("launcher/compare.py", "analysis/margin_report.py", "analysis/margin.py")
 
 
 def texts() -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""The margin tool's pure parts (launcher/margin.py, launcher/margin_report.py, launcher/monitors/warning.py): grid
+"""The margin tool's pure parts (analysis/margin.py, analysis/margin_report.py, launcher/monitors/warning.py): grid
 expansion and collapsing, the bisection schedule, the estimate, the divergence rule and the margins on synthetic
 curves, the early-warning rule on synthetic series, and the report on synthetic event files."""
 
@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from launcher import margin_report as mr
+from analysis import margin_report as mr
 from launcher.config import ConfigError
-from launcher.margin import (Machine, MarginConfig, bisect_path, estimate, expand, fit_problems, margin_problems,
+from analysis.margin import (Machine, MarginConfig, bisect_path, estimate, expand, fit_problems, margin_problems,
                              next_arms, parse_progress)
 from launcher.monitors import tags
 from launcher.monitors.warning import EarlyWarning, WarningRule, evaluate
@@ -240,7 +240,7 @@ def test_report_on_synthetic_events(tmp_path, seeds):
     from torch.utils.tensorboard import SummaryWriter
 
     from launcher.config import Config
-    from launcher.margin import STATE_FILE, save_state
+    from analysis.margin import STATE_FILE, save_state
 
     grid = MarginConfig(numerics=["paper/none", "paper/fp32_output"], gains=[1, 10, 20, 50], signs=["kept", "random"],
                         seeds=seeds, schedule="full")
@@ -283,7 +283,7 @@ def test_report_on_synthetic_events(tmp_path, seeds):
                                              ("margin.sings=[kept]", "did you mean"),
                                              ("attention.fix=dynamic_max", "margin.numerics")])
 def test_config_errors_are_one_line_exit_2(override, needle):
-    proc = subprocess.run([sys.executable, "-m", "launcher.margin", "margin", override, "--dry-run"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "analysis.margin", "margin", override, "--dry-run"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, env={**__import__("os").environ,
                                                                             "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2, proc.stderr
@@ -309,7 +309,7 @@ def test_a_killed_arm_stays_killed_in_the_report_and_retry_failed_starts_it(tmp_
     from torch.utils.tensorboard import SummaryWriter
 
     from launcher.config import Config
-    from launcher.margin import STATE_FILE, Runner, save_state
+    from analysis.margin import STATE_FILE, Runner, save_state
 
     plan = expand(MarginConfig(numerics=["paper/none"], gains=[1, 10, 20], signs=["kept"], schedule="full",
                                min_arms=1))

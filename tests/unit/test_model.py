@@ -50,16 +50,16 @@ def test_too_long_sequence_is_refused():
         GPT(tiny())(torch.zeros(1, 33, dtype=torch.long))
 
 
-def test_attention_is_pluggable_and_probe_sees_every_layer():
+def test_attention_is_pluggable_and_the_attention_hook_sees_every_layer():
     seen = []
 
-    def probe(layer, q, k, v, o):
+    def hook(layer, q, k, v, o):
         seen.append((layer, tuple(q.shape)))
         return o
 
     model = GPT(tiny())
     for block in model.blocks:
-        block.attn.probe = probe
+        block.attn.attention_hook = hook
     model(torch.randint(0, 512, (2, 8)))
     assert seen == [(0, (2, 2, 8, 32)), (1, (2, 2, 8, 32))]
 

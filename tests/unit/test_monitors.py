@@ -235,10 +235,10 @@ def test_monitors_log_every_tag_and_leave_the_model_untouched():
     assert all(math.isnan(values[t]) for t in spectrum)
     assert all(values[t] == 0 for t in values if t.startswith("qk_update/") and "norm" in t)
     assert all(math.isfinite(v) for t, v in values.items() if t not in spectrum)
-    # parameter gradients untouched, probes and hooks removed
+    # parameter gradients untouched, attention and forward hooks removed
     assert torch.all(model.blocks[0].attn.q_proj.weight.grad == 7.0)
     assert all(p.grad is None for n, p in model.named_parameters() if n != "blocks.0.attn.q_proj.weight")
-    assert all(b.attn.probe is None and not b.attn.q_proj._forward_pre_hooks for b in model.blocks)
+    assert all(b.attn.attention_hook is None and not b.attn.q_proj._forward_pre_hooks for b in model.blocks)
     assert {s for _, _, s in writer.scalars} == {1}
     assert monitors.after_step(3) == {}
     assert monitors.last_values() == values and monitors.overhead_s > 0

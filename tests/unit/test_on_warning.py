@@ -100,7 +100,7 @@ def test_mistakes_are_named(overrides, needle):
 
 
 def test_margin_refuses_stop():
-    from launcher.margin import prepare
+    from analysis.margin import prepare
 
     with pytest.raises(ConfigError, match="on_warning=stop would end margin arms"):
         prepare("margin", ["monitor.on_warning=stop"])

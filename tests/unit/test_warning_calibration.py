@@ -1,4 +1,4 @@
-"""The warning calibration (launcher/warning_calibration.py) on two synthetic margin grids written as event files:
+"""The warning calibration (analysis/warning_calibration.py) on two synthetic margin grids written as event files:
 thresholds chosen on one grid and judged on the other, through the margin report's arms.json."""
 
 import json
@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from launcher import margin_report
+from analysis import margin_report
 from launcher.config import Config
-from launcher.margin import MarginConfig, STATE_FILE, expand, save_state
+from analysis.margin import MarginConfig, STATE_FILE, expand, save_state
 from launcher.monitors import tags
-from launcher.warning_calibration import ARMS_FILE, Score, ArmOutcome, main
+from analysis.warning_calibration import ARMS_FILE, Score, ArmOutcome, main
 
 
 def make_grid(root, seed: int, diverge: dict[str, int], lead: int):

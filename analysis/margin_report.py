@@ -1,4 +1,4 @@
-"""The margin report of ``python -m launcher.margin``: divergence rule, margins, early-warning evaluation, figures.
+"""The margin report of ``python -m analysis.margin``: divergence rule, margins, early-warning evaluation, figures.
 
 Divergence rule (:func:`judge`, applied live by the runner and again here on the TensorBoard events; docs/margin.md).
 An arm diverges at the first logged step where
@@ -30,7 +30,7 @@ from kernels.modes import REFERENCE_FIX
 from launcher.compare import load_scalars, smooth
 from launcher.monitors import tags
 from launcher.monitors.warning import WarningRule, replay
-from launcher.warning_calibration import ARMS_FILE, ArmOutcome, rule_scores, table
+from analysis.warning_calibration import ARMS_FILE, ArmOutcome, rule_scores, table
 
 STATE_FILE = "margin_state.json"  # the runner's record of judged arms, in the experiment folder
 
@@ -368,7 +368,7 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
                     if leads else "") + f"; false alarms on {false_alarms} of {stable} stable arms.")
     md += ["", "## Early warning", "", warn_line, "",
            "Per rule (each enabled signal alone at its threshold, then the rule; 'in time': lead >= min(300, 25% of "
-           "the steps to divergence); the calibration on other grids: python -m launcher.warning_calibration):", ""]
+           "the steps to divergence); the calibration on other grids: python -m analysis.warning_calibration):", ""]
     md += table(rule_scores(warn_rule, {k: r for k, r in replays.items() if k in {a.key for a in arms}}, arms))
     md += [""]
     measured = _measured_costs(scalars)

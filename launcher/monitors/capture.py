@@ -1,14 +1,15 @@
-"""One forward (and, for the delta-bias monitor, one gradient) pass of the fixed probe batch, capturing per layer
-the attention input X (q_proj's input, i.e. ln1's output), q, k, v, the attention output O and the gradient dO.
+"""Capture per layer what attention sees on the monitors' fixed probe batch: one forward (and, for the delta-bias
+monitor, one gradient) pass that records the attention input X (q_proj's input, i.e. ln1's output), q, k, v, the
+attention output O and the gradient dO.
 
 The pass runs without row keys: attention that draws random bits uses row key 0 for every probe row (a fixed probe
 key, the same at every call; see model.attention.noise_keys and delta_bias.py).
 
 The pass never touches parameter ``.grad``: dO comes from ``torch.autograd.grad`` with respect to the captured
-outputs, which computes only what those gradients need. The model's train/eval mode, its attention probes and the
-hooks installed here are restored/removed whatever happens.
+outputs, which computes only what those gradients need. The model's train/eval mode, its attention hooks and the
+forward hooks installed here are restored/removed whatever happens.
 
-``run_probe`` runs a whole model; ``run_stage_probe`` runs one pipeline stage: activations go to the next stage
+``capture_model`` runs a whole model; ``capture_stage`` runs one pipeline stage: activations go to the next stage
 and gradients come back from it, so that every stage captures its own layers on the same probe batch.
 """
 
@@ -34,19 +35,19 @@ class LayerCapture:
 
 
 @dataclass
-class ProbeResult:
+class Capture:
     layers: dict[int, LayerCapture] = field(default_factory=dict)
     loss: float = float("nan")
 
 
 @contextlib.contextmanager
-def capturing(module: nn.Module, layers: dict[int, nn.Module], result: ProbeResult):
+def capturing(module: nn.Module, layers: dict[int, nn.Module], result: Capture):
     """Within the context, the forward of ``layers`` (global index -> block) fills ``result.layers``; ``module`` (the
     model or stage holding them) is in eval mode. Everything is restored on exit."""
-    handles, old_probes = [], []
+    handles, old_hooks = [], []
     was_training = module.training
 
-    def attention_probe(layer, q, k, v, o):
+    def capture_attention(layer, q, k, v, o):
         cap = result.layers[layer]
         cap.q, cap.k, cap.v, cap.o = q, k, v, o
         return o
@@ -60,26 +61,26 @@ def capturing(module: nn.Module, layers: dict[int, nn.Module], result: ProbeResu
     try:
         module.eval()
         for i, block in layers.items():
-            old_probes.append((block, block.attn.probe))
-            block.attn.probe = attention_probe
+            old_hooks.append((block, block.attn.attention_hook))
+            block.attn.attention_hook = capture_attention
             handles.append(block.attn.register_forward_pre_hook(input_hook(i)))  # x: the q/k/v projections' input
         yield result
     finally:
         for h in handles:
             h.remove()
-        for block, old in old_probes:
-            block.attn.probe = old
+        for block, old in old_hooks:
+            block.attn.attention_hook = old
         module.train(was_training)
 
 
-def _detach_captures(result: ProbeResult) -> None:
+def _detach_captures(result: Capture) -> None:
     for cap in result.layers.values():
         for name in ("x", "q", "k", "v", "o"):
             t = getattr(cap, name)
             setattr(cap, name, None if t is None else t.detach())
 
 
-def _attention_outputs(result: ProbeResult, grad_layers: list[int]) -> list[torch.Tensor]:
+def _attention_outputs(result: Capture, grad_layers: list[int]) -> list[torch.Tensor]:
     outs = [result.layers[i].o for i in grad_layers]
     if not all(o is not None and o.requires_grad for o in outs):
         raise RuntimeError("delta-bias monitor: the attention output does not require grad; the probe needs the "
@@ -87,15 +88,15 @@ def _attention_outputs(result: ProbeResult, grad_layers: list[int]) -> list[torc
     return outs
 
 
-def run_probe(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
-              autocast: Callable[[], contextlib.AbstractContextManager], grad_layers: list[int],
-              layers: Optional[dict[int, nn.Module]] = None) -> ProbeResult:
+def capture_model(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                  autocast: Callable[[], contextlib.AbstractContextManager], grad_layers: list[int],
+                  layers: Optional[dict[int, nn.Module]] = None) -> Capture:
     """Forward the probe batch in eval mode under the run's autocast; gradients dO only for ``grad_layers``.
 
     dO is the gradient of the *summed* token cross-entropy (the model's mean loss times the token count), so its
     scale does not shrink with the probe batch size."""
     inputs, targets = batch
-    result = ProbeResult()
+    result = Capture()
     with capturing(model, layers if layers is not None else dict(enumerate(model.blocks)), result):
         with (torch.enable_grad() if grad_layers else torch.no_grad()):
             with autocast():
@@ -109,17 +110,17 @@ def run_probe(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
     return result
 
 
-def run_stage_probe(stage: nn.Module, functions: list[Callable], loss_fn: Callable, layers: dict[int, nn.Module],
-                    batch: tuple[torch.Tensor, torch.Tensor], autocast: Callable[[], contextlib.AbstractContextManager],
-                    grad_layers: list[int], backward: bool, pp_rank: int, pp: int, pp_group,
-                    hidden: tuple[int, ...], device: torch.device) -> ProbeResult:
+def capture_stage(stage: nn.Module, functions: list[Callable], loss_fn: Callable, layers: dict[int, nn.Module],
+                  batch: tuple[torch.Tensor, torch.Tensor], autocast: Callable[[], contextlib.AbstractContextManager],
+                  grad_layers: list[int], backward: bool, pp_rank: int, pp: int, pp_group,
+                  hidden: tuple[int, ...], device: torch.device) -> Capture:
     """The probe pass of one pipeline stage (``functions``: its layers in order; ``layers``: its blocks by global
     index). Stage 0 embeds the probe inputs, later stages receive the previous stage's activations (FP32, shape
     ``hidden``), the last computes the loss. With ``backward`` (any stage needs dO), the gradient travels back
     stage by stage; every stage of the pipeline group must call this together."""
     inputs, targets = batch
     first, last = pp_rank == 0, pp_rank == pp - 1
-    result = ProbeResult()
+    result = Capture()
     with capturing(stage, layers, result), torch.enable_grad():
         x_in = inputs
         if not first:

@@ -1,5 +1,5 @@
-"""The trained-layer probe end to end: train the tiny smoke recipe a few steps with checkpoints, then probe the run
-through the CLI (subprocess) and read its table."""
+"""The delta bias of a trained checkpoint end to end: train the tiny smoke recipe a few steps with checkpoints, then
+measure the run through the CLI (subprocess) and read its table."""
 
 import subprocess
 import sys
@@ -10,8 +10,8 @@ from launcher.trainer import train_arm
 from tests.runs import REPO, launcher_env
 
 
-def probe(*args):
-    return subprocess.run([sys.executable, "-m", "launcher.probe_checkpoint", *map(str, args)], cwd=REPO,
+def measure(*args):
+    return subprocess.run([sys.executable, "-m", "analysis.checkpoint_delta_bias", *map(str, args)], cwd=REPO,
                           env=launcher_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -20,11 +20,11 @@ def table_rows(stdout: str, columns: int) -> list[list[str]]:
     return [r for r in rows if len(r) == columns and r[0].isdigit()]
 
 
-def test_probe_of_a_trained_checkpoint(tiny_overrides, tmp_path):
+def test_delta_bias_of_a_trained_checkpoint(tiny_overrides, tmp_path):
     config = load_config("smoke", tiny_overrides + ["checkpoint.interval=3", "model.n_head=2"], arm="baseline")
     run_dir = train_arm(config, ParallelDims()).run_dir
-    out = tmp_path / "probe.md"
-    proc = probe(run_dir, "--batches", 2, "--modes", "fa2/none", "fa2/fp32_output", "paper/none", "--out", out)
+    out = tmp_path / "delta_bias.md"
+    proc = measure(run_dir, "--batches", 2, "--modes", "fa2/none", "fa2/fp32_output", "paper/none", "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert "checkpoint" in proc.stderr and "[batch 2/2]" in proc.stderr  # progress
     rows = table_rows(proc.stdout, 7)
@@ -44,11 +44,11 @@ def test_probe_of_a_trained_checkpoint(tiny_overrides, tmp_path):
 
 
 def test_clear_errors_for_wrong_paths(tmp_path):
-    missing = probe(tmp_path / "nope")
+    missing = measure(tmp_path / "nope")
     assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
-    empty = probe(tmp_path)
+    empty = measure(tmp_path)
     assert empty.returncode == 2 and "no complete checkpoint" in empty.stderr and "Traceback" not in empty.stderr
     stray = tmp_path / "notes.pt"
     stray.write_text("not a checkpoint")
-    wrong = probe(stray)
+    wrong = measure(stray)
     assert wrong.returncode == 2 and "is not a checkpoint" in wrong.stderr and "Traceback" not in wrong.stderr
