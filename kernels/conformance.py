@@ -1,6 +1,6 @@
 """Conformance suite for attention kernels: the signed rounding error of O and of delta on crafted inputs.
 
-    python -m kernels.conformance [--backend reference|triton] [--cases ties v1 negative long realistic]
+    python -m kernels.conformance [--backend reference|triton|gluon] [--cases ties v1 negative long realistic]
                                   [--kernels NAME ...] [--rows N] [--long-keys N] [--inputs FILE.pt] [--seed S]
                                   [--out FILE.md]
 
@@ -194,6 +194,12 @@ def outputs(name: str, inputs: Inputs, backend: str, o_exact: torch.Tensor, auto
     rounding, fix = name.split("/")
     settings = AttentionSettings(causal=inputs.causal, rounding=rounding, fix=fix, backend=backend,
                                  autotune=autotune)
+    if backend == "gluon":  # only the modes the Hopper kernel takes: the others would be the Triton kernel's rows
+        from kernels import gluon_flash, triton_flash
+
+        why = gluon_flash.unsupported(q, k, v, triton_flash.prepare(q, k, v, settings))
+        if why:
+            raise Skip(f"not a Gluon mode: {why}")
     with torch.no_grad():
         out = kernels.attention(q, k, v, settings)
         saved = kernels.saved_output(q, k, v, settings) if fix in ("fp32_output", "exact_delta") else out
@@ -229,7 +235,7 @@ def _mean_ci(x: torch.Tensor) -> tuple[float, float]:
 def run(cases, kernels_, backend: str = "reference", rows: int = 2048, seed: int = 0, long_keys: int = 2048,
         inputs_file: str | None = None, autotune: bool = True, progress=None) -> dict:
     """{case: {kernel: result dict | 'skipped: ...' | 'error: ...'}} and the column labels per case."""
-    device = "cuda" if (backend == "triton" or any(n in EXTERNAL for n in kernels_)) and torch.cuda.is_available() \
+    device = "cuda" if (backend in ("triton", "gluon") or any(n in EXTERNAL for n in kernels_)) and torch.cuda.is_available() \
         else "cpu"
     results, columns = {}, {}
     for case in cases:
@@ -287,9 +293,10 @@ def to_markdown(run_result: dict, backend: str, rows: int, seed: int, command: s
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.conformance", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="reference", choices=("reference", "triton"),
-                        help="what runs this project's modes: the PyTorch reference, or the Triton kernel (CUDA; "
-                             "without CUDA the interpreter, slow)")
+    parser.add_argument("--backend", default="reference", choices=("reference", "triton", "gluon"),
+                        help="what runs this project's modes: the PyTorch reference, the Triton kernel (CUDA; "
+                             "without CUDA the interpreter, slow), or the Gluon Hopper kernel (an sm_90 GPU; "
+                             "modes it does not take are skipped)")
     parser.add_argument("--cases", nargs="+", default=list(CASE_NAMES), choices=CASE_NAMES)
     parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS, metavar="NAME",
                         help=f"default: all of {', '.join(KERNELS)}")
@@ -304,6 +311,8 @@ def main(argv=None) -> int:
         parser.error("--rows must be >= 1 and --long-keys >= 64")
     if args.inputs and not os.path.isfile(args.inputs):
         parser.error(f"--inputs: no file {args.inputs}")
+    if args.backend == "gluon" and not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        parser.error("--backend gluon needs a Hopper GPU (sm_90); use --backend triton or reference here")
     if args.backend == "triton" and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         print("no CUDA device: running the Triton kernel under TRITON_INTERPRET=1 (slow)", file=sys.stderr)
