@@ -42,3 +42,12 @@ def test_measures_the_known_answers():
     assert abs(d) < 1e-3 and d_ci < 1e-3
     o, _, d, _, _ = result["ties"]["fa2/none"]["ties k=3"]
     assert d == pytest.approx(o, abs=0.01)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9,
+                    reason="on a Hopper GPU --backend gluon runs (tests/gpu covers the kernel)")
+def test_gluon_backend_without_a_hopper_gpu_says_what_to_use_instead(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        conformance.main(["--backend", "gluon", "--cases", "v1"])
+    assert exit_info.value.code == 2
+    assert "--backend gluon needs a Hopper GPU (sm_90); use --backend triton or reference" in capsys.readouterr().err
