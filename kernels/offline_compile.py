@@ -9,7 +9,9 @@ PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. O
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon), backward with both dQ orders, head_dim 64 and
 128; ``--quick``: one configuration of each code path, what CI compiles) with its PTX instruction counts; exit status
-1 if one does not compile.
+1 if one does not compile. For each forward it also reads the machine code (the wheel's ``nvdisasm``) and prints the
+fewest softmax exponentials that run while a tile's PV product is in flight (between the wait for Q K^T and the wait
+for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax overlaps the product.
 
 It drives Triton's own launch path up to the compile call (binding, specialisation, options) with CPU tensors in
 place of GPU ones; there is no public API for compiling a kernel for another machine's GPU.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,7 +73,8 @@ def configurations(quick: bool = False):
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, *o.stride()[:3], h, 1, t, b * h, 0,
                     0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, PIN_PV_WAIT=gf.FWD_PIN_PV_WAIT,
+                          CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
             out.append((f"forward d{dim} {fix_name}", gf._fwd_kernel, args, kwargs))
@@ -91,6 +95,35 @@ def configurations(quick: bool = False):
     return [c for c in out if c[0] in QUICK] if quick else out
 
 
+def exponentials_under_pv(sass: str) -> list[int]:
+    """For each wait for a PV product in the machine code (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` that follows a
+    ``... 0x1``, the wait for Q K^T with PV still running), the number of ``MUFU.EX2`` between the two: the
+    exponentials that overlap the product. An empty list: no such pair (no pipelined loop)."""
+    counts, inside = [], None
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR.LE" in line:
+            if line.rstrip(" ;").endswith("0x1"):
+                inside = 0
+            elif inside is not None:
+                counts.append(inside)
+                inside = None
+        elif inside is not None and "MUFU.EX2" in line:
+            inside += 1
+    return counts
+
+
+def disassemble(cubin: bytes, workdir: Path) -> str:
+    """The SASS of a cubin by the ``nvdisasm`` that ships in Triton's wheel."""
+    import subprocess
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    path = workdir / "kernel.cubin"
+    path.write_bytes(cubin)
+    return subprocess.run([str(tool), "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.offline_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one configuration per code path (CI)")
@@ -109,12 +142,17 @@ def main(argv=None) -> int:
     for name, fn, fn_args, kwargs in configs:
         t0 = time.perf_counter()
         try:
-            ptx = compile_for_target(fn, fn_args, kwargs).asm["ptx"]
+            compiled = compile_for_target(fn, fn_args, kwargs)
+            ptx = compiled.asm["ptx"]
         except Exception as exc:  # report every configuration, not only the first that fails
             failed += 1
             print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
             continue
         counts = ", ".join(f"{op} {len(re.findall(re.escape(op), ptx))}" for op in COUNTED)
+        if name.startswith("forward"):
+            with tempfile.TemporaryDirectory() as tmp:
+                under = exponentials_under_pv(disassemble(compiled.asm["cubin"], Path(tmp)))
+            counts += f"; exponentials under a PV product: min {min(under, default=0)} over {len(under)} loops"
         print(f"ok      {name} ({time.perf_counter() - t0:.1f} s): {counts}", flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
