@@ -11,7 +11,9 @@ stochastic_output (the Triton kernel's hash helpers called from Gluon), backward
 128; ``--quick``: one configuration of each code path, what CI compiles) with its PTX instruction counts; exit status
 1 if one does not compile. For each forward it also reads the machine code (the wheel's ``nvdisasm``) and prints the
 fewest softmax exponentials that run while a tile's PV product is in flight (between the wait for Q K^T and the wait
-for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax overlaps the product.
+for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax overlaps the product. Each
+line ends with ptxas's performance messages for that kernel (the wheel's ptxas run again with ``-v``), e.g. C7518
+when ptxas serialises the asynchronous products of a loop.
 
 It drives Triton's own launch path up to the compile call (binding, specialisation, options) with CPU tensors in
 place of GPU ones; there is no public API for compiling a kernel for another machine's GPU.
@@ -88,7 +90,7 @@ def configurations(quick: bool = False):
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m), dq32, sem,
                     dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
             kwargs = dict(CAUSAL=True, DETERMINISTIC=deterministic, STAGES=gf.BWD_STAGES,
-                          OVERLAP_DQ=gf.BWD_OVERLAP_DQ[dim], ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
+                          OVERLAP_DQ=gf.BWD_OVERLAP_DQ[dim, deterministic], ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
                           num_warps=8, maxnreg=gf.MAXNREG)
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
                         kwargs))
@@ -110,6 +112,21 @@ def exponentials_under_pv(sass: str) -> list[int]:
         elif inside is not None and "MUFU.EX2" in line:
             inside += 1
     return counts
+
+
+def ptxas_performance_messages(ptx: str, workdir: Path) -> list[str]:
+    """ptxas's "Potential Performance Loss" and injected-wait messages for this PTX (sm_90a, ``-v``): Triton runs
+    ptxas without showing them. Each message shortened to its code and reason."""
+    import subprocess
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    (workdir / "kernel.ptx").write_text(ptx)
+    proc = subprocess.run([str(tool), "-arch=sm_90a", "-v", str(workdir / "kernel.ptx"), "-o",
+                           str(workdir / "ptxas.cubin")], capture_output=True, text=True)
+    found = re.findall(r"\((C75\d\d)\) ([^\n]*?)(?: in (?:the )?function|$)", proc.stderr, flags=re.M)
+    return [f"{code} {reason.strip()}" for code, reason in found]
 
 
 def disassemble(cubin: bytes, workdir: Path) -> str:
@@ -149,10 +166,12 @@ def main(argv=None) -> int:
             print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
             continue
         counts = ", ".join(f"{op} {len(re.findall(re.escape(op), ptx))}" for op in COUNTED)
-        if name.startswith("forward"):
-            with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
+            if name.startswith("forward"):
                 under = exponentials_under_pv(disassemble(compiled.asm["cubin"], Path(tmp)))
-            counts += f"; exponentials under a PV product: min {min(under, default=0)} over {len(under)} loops"
+                counts += f"; exponentials under a PV product: min {min(under, default=0)} over {len(under)} loops"
+            messages = ptxas_performance_messages(ptx, Path(tmp))
+        counts += "; ptxas: " + ("; ".join(messages) if messages else "no performance messages")
         print(f"ok      {name} ({time.perf_counter() - t0:.1f} s): {counts}", flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)

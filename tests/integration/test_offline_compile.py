@@ -29,3 +29,6 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
     for line in forwards:
         found = re.search(r"exponentials under a PV product: min (\d+) over (\d+) loops", line)
         assert found and int(found.group(2)) >= 2 and int(found.group(1)) >= 64, line
+    # no kernel makes ptxas serialise its asynchronous products (message C7514/C7518 "... are serialized"), which
+    # would run every product one after another
+    assert not any("serialized" in line for line in lines), "\n".join(lines)

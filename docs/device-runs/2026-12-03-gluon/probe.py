@@ -92,6 +92,9 @@ def check(deterministic: bool) -> int:
 VARIANTS = {  # name -> kernels.gluon_flash settings it times (module constants; the default is the file's)
     "gluon": {},
     "gluon unpinned": {"FWD_PIN_PV_WAIT": False},  # ptxas's own placement of the PV wait (before 2026-12-03)
+    # d64, atomic dQ: the share's add overlapped with the next tile's products (the default before 2026-12-03)
+    "gluon dq-overlap": {"BWD_OVERLAP_DQ": {(64, True): True, (64, False): True, (128, True): False,
+                                            (128, False): False}},
 }
 
 
