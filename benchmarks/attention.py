@@ -78,7 +78,13 @@ def sdpa_fn(backend):
 
 
 def measure(fn, q, k, v, d_out, rep_ms):
-    """(fwd ms, eager fwd+bwd ms, fwd+bwd ms replayed as a CUDA graph) of fn."""
+    """(fwd ms, eager fwd+bwd ms, fwd+bwd ms replayed as a CUDA graph) of fn, on fresh leaf copies of q, k, v: an
+    autograd node left over from an earlier timing (its AccumulateGrad on the default stream) broke the capture of
+    the next one at (4,16,4096,128) on the H200 (device runs of 2026-12-02)."""
+    import triton
+
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+
     def fwd():
         with torch.no_grad():
             fn(q, k, v)
@@ -90,12 +96,11 @@ def measure(fn, q, k, v, d_out, rep_ms):
     def grads():
         return torch.autograd.grad(fn(q, k, v), (q, k, v), d_out)
 
-    fwd_bwd()  # compile / autotune outside the timing
+    grads()  # compile / autotune outside the timing
     fwd()
-    grads()
-    import triton
-
-    graph_ms = triton.testing.do_bench_cudagraph(grads, rep=rep_ms, return_mode="median")
+    torch.cuda.synchronize()
+    graph_ms = triton.testing.do_bench_cudagraph(grads, rep=rep_ms, return_mode="median")  # before any .grad exists
+    fwd_bwd()
     return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms), graph_ms
 
 

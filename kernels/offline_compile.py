@@ -75,7 +75,7 @@ def configurations(quick: bool = False):
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, *o.stride()[:3], h, 1, t, b * h, 0,
                     0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, PIN_PV_WAIT=gf.FWD_PIN_PV_WAIT,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
@@ -90,7 +90,7 @@ def configurations(quick: bool = False):
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m), dq32, sem,
                     dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
             kwargs = dict(CAUSAL=True, DETERMINISTIC=deterministic, STAGES=gf.BWD_STAGES,
-                          OVERLAP_DQ=gf.BWD_OVERLAP_DQ[dim, deterministic], ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
+                          ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS, WRITER_REGS=gf.BWD_WRITER_REGS,
                           num_warps=8, maxnreg=gf.MAXNREG)
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
                         kwargs))

@@ -1,5 +1,8 @@
-"""Device probe of kernels/gluon_flash.py (copied from docs/device-runs/2026-12-02-gluon/probe.py; 2026-12-03: the
-variants are the pinned PV wait, the default, and ptxas's own placement).
+"""Device probe of kernels/gluon_flash.py (copied from docs/device-runs/2026-12-02-gluon/probe.py). Call 1 of
+2026-12-03 timed the pinned PV wait against ptxas's placement (commit 2f551af: VARIANTS had "gluon unpinned" and
+"gluon dq-overlap"); call 2 times the backward's dQ writer warp against the backward of commit 2f551af, whose
+compute warps added dQ's shares themselves ("gluon in-loop dQ": that commit's kernels/gluon_flash.py, saved by
+`git show 2f551af:kernels/gluon_flash.py > .devcache/gluon_flash_2f551af.py` and carried to the device).
 
     PYTHONPATH=. python docs/device-runs/2026-12-03-gluon/probe.py check [--deterministic]
     PYTHONPATH=. python docs/device-runs/2026-12-03-gluon/probe.py time [--shapes 8,12,1024,64 ...]
@@ -89,12 +92,21 @@ def check(deterministic: bool) -> int:
     return 1 if bad else 0
 
 
-VARIANTS = {  # name -> kernels.gluon_flash settings it times (module constants; the default is the file's)
+BEFORE = ".devcache/gluon_flash_2f551af.py"  # the module of commit 2f551af (see the docstring)
+
+
+def _before_backward():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gluon_flash_2f551af", BEFORE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._backward
+
+
+VARIANTS = {  # name -> kernels.gluon_flash attributes it replaces while timing (the default is the file's)
     "gluon": {},
-    "gluon unpinned": {"FWD_PIN_PV_WAIT": False},  # ptxas's own placement of the PV wait (before 2026-12-03)
-    # d64, atomic dQ: the share's add overlapped with the next tile's products (the default before 2026-12-03)
-    "gluon dq-overlap": {"BWD_OVERLAP_DQ": {(64, True): True, (64, False): True, (128, True): False,
-                                            (128, False): False}},
+    "gluon in-loop dQ": {"_backward": _before_backward},  # 2f551af's fused backward: no writer warp
 }
 
 
@@ -105,7 +117,7 @@ class settings:
     def __enter__(self):
         for key, value in self.values.items():
             self.saved[key] = getattr(gf, key)
-            setattr(gf, key, value)
+            setattr(gf, key, value() if key == "_backward" else value)
 
     def __exit__(self, *exc):
         for key, value in self.saved.items():
@@ -137,7 +149,7 @@ def time_shapes(shapes, rep, only=None) -> None:
         b, h, t, d = shape
         base = None
         for name, fn, values in impls:
-            if ("dq-overlap" in name and d != 64) or (only and name != "sdpa-cudnn"
+            if (only and name != "sdpa-cudnn"
                                                        and not any(o in name for o in only)):
                 continue
             torch.cuda.synchronize()
