@@ -322,11 +322,14 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
 # ----------------------------------------------------------------------------------------------------------------
 
 BWD_BLOCK_M = {64: 64, 128: 64}  # query rows per step, per head_dim
+# Add a tile's dQ share while the next tile's first products run, per (head_dim, deterministic). Measured at d64
+# (2026-12-02, call 4): 4% faster with ordered dQ, 3% slower with atomics; with atomics the machine code shows why:
+# ptxas serialises every product of the loop (its message C7518: the share's add is a branch inside the pipeline).
+BWD_OVERLAP_DQ = {(64, True): True, (64, False): False, (128, True): False, (128, False): False}
 BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4 bytes is a multiple of 16)
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
 BWD_PRODUCER_REGS = 24
-BWD_WRITER_REGS = 24  # the dQ writer warp (``_bwd_dq_writer``) shares the producer's warpgroup and its budget
 
 
 @gluon.jit
@@ -356,29 +359,37 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
 
 
 @gluon.jit
-def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready,
-                 qdo_empty, dq_full, dq_empty, LSE, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb,
-                 stride_dvh, stride_dvt, b, hk, start_n, m_first, n_m, GROUP, H, T, exp_scale, sm_scale,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, ROWS_TMA: gl.constexpr):
+def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA,
+                 DQ32, SEM, DK, DV,
+                 stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
+                 m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr, ROWS_TMA: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
-    share dS K, which goes to the writer warp through a double buffer in shared memory (``_bwd_dq_writer`` adds it
-    into the FP32 buffer while the next tiles' products run)."""
+    share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added while
+    the next tile's S^T and dP^T products run (one more register tile held across the loop)."""
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    if BLOCK_M == 128:
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+    else:
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, HEAD_DIM // 2, 16])
     cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))  # keys: the rows of S^T
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dq_prev = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    bh_prev = 0
+    m_prev = 0
     mbarrier.wait(kv_bar, 0)
     for it in range(GROUP * n_m):
         h = hk * GROUP + it // n_m
@@ -399,6 +410,10 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
         zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         st_tok = warpgroup_mma(k_tile, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_tile, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        if OVERLAP_DQ:
+            if it > 0:
+                _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
+                            HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
         st = warpgroup_mma_wait(1, deps=(st_tok,))
         pt = gl.exp2(st * exp_scale - lse2[None, :])  # one FMA per score, as the Triton kernel
         masked = (start_n + BLOCK_N > T) | (m_idx * BLOCK_M + BLOCK_M > T)
@@ -420,10 +435,17 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
                                use_acc=False, is_async=True)
         dv, dk, dq_share = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
         mbarrier.arrive(qdo_empty.index(stage), count=1)
-        buf = it % 2
-        mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # the writer has added this buffer's last share
-        dq_smem.index(buf).store(dq_share)
-        mbarrier.arrive(dq_full.index(buf), count=1)
+        if OVERLAP_DQ:
+            dq_prev = dq_share
+            bh_prev = bh
+            m_prev = m_idx
+        else:
+            _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM,
+                        CAUSAL, DETERMINISTIC, dq_layout)
+    if OVERLAP_DQ:
+        if GROUP * n_m > 0:
+            _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
+                        HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
     # epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rounded once
     cols_kv = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -435,57 +457,41 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
 
 
 @gluon.jit
-def _bwd_dq_writer(dq_smem, dq_full, dq_empty, DQ32, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks, GROUP, H,
-                   T, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
-                   DETERMINISTIC: gl.constexpr):
-    """1 warp: adds each of this key tile's dQ shares (unscaled, from the compute partition's double buffer) into
-    rows m_idx * BLOCK_M.. of the FP32 buffer (contiguous (B, H, T, head_dim)) with FP32 atomic adds, one row of
-    the share per step, so the compute warps never wait on global memory (FA3's dQ writer; it uses a TMA
-    reduce-add, which Gluon 3.6 does not have).
-
-    DETERMINISTIC: the key tiles that touch a query tile add in a fixed order, from the last to the first: a
-    per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn, adds, and counts
-    itself (the CUTLASS semaphore pattern: a barrier, then a release by one thread; an acquire, then a barrier).
-    The release orders this tile's adds before the next tile's, so every element of dQ sums its shares in the
-    same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish."""
-    # one 8 x 32 block of the share per step (the shared layout's swizzle repeats every 8 rows of 128 bytes):
-    # 8 values per lane, two 16-byte atomic adds
-    layout: gl.constexpr = gl.BlockedLayout([2, 4], [4, 8], [1, 1], [1, 0])
-    offs_r = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
-    offs_c = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))
-    for it in range(GROUP * n_m):
-        bh = b * H + hk * GROUP + it // n_m
-        m_idx = m_first + it % n_m
-        buf = it % 2
-        mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
-        if DETERMINISTIC:
-            if CAUSAL:
-                last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
-            else:
-                last = n_blocks - 1
-            sem = SEM + bh * n_m_total + m_idx
+def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                dq_layout: gl.constexpr):
+    """Add this key tile's share of dQ (unscaled) into rows m_idx * BLOCK_M.. of the FP32 buffer (contiguous
+    (B, H, T, head_dim)). DETERMINISTIC: in a fixed order, the key tiles that touch the query tile from the last to
+    the first: a per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn, adds
+    with plain loads and stores, and counts itself (the CUTLASS semaphore pattern: a barrier, then a release by one
+    thread; an acquire, then a barrier). Otherwise FP32 atomics, in the order the tiles finish."""
+    rows = m_idx * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    ptrs = DQ32 + (bh * T + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+    ok = (rows < T)[:, None]
+    if DETERMINISTIC:
+        if CAUSAL:
+            last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
+        else:
+            last = n_blocks - 1
+        turn = last - n_blk
+        sem = SEM + bh * n_m_total + m_idx
+        seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+        while seen != turn:
             seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-            while seen != last - n_blk:
-                seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-            _barrier()
-        share = dq_smem.index(buf)
-        rows = m_idx * BLOCK_M + offs_r
-        for r in gl.static_range(BLOCK_M // 8):
-            for c in gl.static_range(HEAD_DIM // 32):
-                values = share.slice(8 * r, 8, dim=0).slice(32 * c, 32, dim=1).load(layout)
-                ptrs = DQ32 + (bh * T + rows + 8 * r)[:, None] * HEAD_DIM + (32 * c + offs_c)[None, :]
-                gl.atomic_add(ptrs, values, mask=(rows + 8 * r < T)[:, None], sem="relaxed")
-        if DETERMINISTIC:
-            _barrier()
-            gl.atomic_add(sem, 1, sem="release", scope="gpu")
-        mbarrier.arrive(dq_empty.index(buf), count=1)
+        _barrier()
+        gl.store(ptrs, gl.load(ptrs, mask=ok, other=0.0) + dq_share, mask=ok)
+        _barrier()
+        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+    else:
+        gl.atomic_add(ptrs, dq_share, mask=ok, sem="relaxed")
 
 
 @gluon.jit
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
-                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, ROWS_TMA: gl.constexpr,
-                PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
+                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, OVERLAP_DQ: gl.constexpr,
+                ROWS_TMA: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
@@ -523,34 +529,24 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
     else:
         lse_smem = ds_smem  # unused
         delta_smem = ds_smem
-    # dQ's shares, double-buffered between the compute partition and the writer warp
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(dq_full.index(i), count=1)
-        mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready,
-                        qdo_empty, dq_full, dq_empty, LSE, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkt,
-                        stride_dvb, stride_dvh, stride_dvt, b, hk, start_n, m_first, n_m, GROUP, H, T, exp_scale,
-                        sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, ROWS_TMA)),
+        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty,
+                        LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
+                        start_n, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M,
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA)),
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
-        (_bwd_dq_writer, (dq_smem, dq_full, dq_empty, DQ32, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks,
-                          GROUP, H, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DETERMINISTIC)),
-    ], [1, 1], [PRODUCER_REGS, WRITER_REGS])
+    ], [1], [PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -671,8 +667,8 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
                       dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                       heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, CAUSAL=bool(causal),
                       DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES,
-                      ROWS_TMA=rows_tma, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
-                      num_warps=8, maxnreg=MAXNREG)
+                      OVERLAP_DQ=BWD_OVERLAP_DQ[dim, bool(deterministic)], ROWS_TMA=rows_tma,
+                      PRODUCER_REGS=BWD_PRODUCER_REGS, num_warps=8, maxnreg=MAXNREG)
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 

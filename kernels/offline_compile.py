@@ -90,7 +90,7 @@ def configurations(quick: bool = False):
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m), dq32, sem,
                     dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
             kwargs = dict(CAUSAL=True, DETERMINISTIC=deterministic, STAGES=gf.BWD_STAGES,
-                          ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS, WRITER_REGS=gf.BWD_WRITER_REGS,
+                          OVERLAP_DQ=gf.BWD_OVERLAP_DQ[dim, deterministic], ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
                           num_warps=8, maxnreg=gf.MAXNREG)
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
                         kwargs))
