@@ -293,6 +293,8 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
     replays = {key: replay(warn_rule, sc) for key, sc in scalars.items() if sc}
     warnings = {key: r.first for key, r in replays.items()}
     arms = arm_outcomes(plan, status, outcomes, margins, max_steps)
+    if config.monitor.on_warning == "switch_fix":  # an arm switched at its warning shows nothing the rule predicted
+        arms = [a for a in arms if warnings.get(a.key) is None]
     (out / ARMS_FILE).write_text(json.dumps([a.to_dict() for a in arms], indent=1))
 
     md = [f"# Margin report: {experiment_dir}", "",
@@ -336,13 +338,20 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         md.append(f"| {numerics} | {sign} | {seed} | " + " | ".join(o[g].short() for g in gains) + " |")
     md += ["", "## Arms", "", "| arm | seed | cells | status | step | reason | early warning | lead / false alarm | "
            "which signal, where; numerics |", "|---|---|---|---|---|---|---|---|---|"]
-    leads, false_alarms, stable, too_early = [], 0, 0, 0
+    leads, false_alarms, stable, too_early, switched = [], 0, 0, 0, 0
+    switches = config.monitor.on_warning == "switch_fix"
     for key, spec in plan.arms.items():
         st = status.get(key, {})
         s = st.get("status", "not run")
         w = warnings.get(key)
         judged = ""
-        if s == "diverged" and st.get("step") is not None:
+        if switches and w is not None and s in ("diverged", "survived"):
+            # the arm trained on with another fix from its warning on: what it would have done without the switch
+            # is not observed, so it is neither a stable arm (no false alarm) nor a warned divergence
+            judged = (f"switched to fix={config.monitor.switch_fix_to} at the warning; "
+                      + ("survived" if s == "survived" else f"diverged anyway at {st.get('step')}"))
+            switched += 1
+        elif s == "diverged" and st.get("step") is not None:
             if w is not None and w <= st["step"]:
                 judged = f"lead {st['step'] - w} steps"
                 leads.append(st["step"] - w)
@@ -359,9 +368,13 @@ def write_report(experiment_dir: Path, plan, config) -> Path:
         md.append(f"| {spec.name} | {spec.seed} | {len(spec.cells)} | {s} | {st.get('step', '')} | "
                   f"{_cell(st.get('reason', ''))} | {'' if w is None else f'on at {w}'} | {judged} | "
                   f"{_cell(onsets[0].describe(), 400) if onsets else ''} |")
-    diverged = sum(1 for st in status.values() if st.get("status") == "diverged") - too_early
+    diverged = sum(1 for key, st in status.items() if st.get("status") == "diverged"
+                   and not (switches and warnings.get(key) is not None)) - too_early
     early = (f" ({too_early} more diverged by step {warn_rule.after_step}, before the rule may warn)"
              if too_early else "")
+    if switched:
+        early += (f"; {switched} arm(s) switched to fix={config.monitor.switch_fix_to} at their warning "
+                  "(monitor.on_warning=switch_fix) are counted in neither")
     warn_line = (f"Early warning ({warn_rule.describe()}; thresholds monitor.warning_*): warned before "
                  f"divergence on {len(leads)} of {diverged} diverged arms{early}"
                  + (f" (lead time median {int(np.median(leads))} steps, min {min(leads)}, max {max(leads)})"

@@ -13,10 +13,12 @@ from launcher.monitors import tags
 from analysis.warning_calibration import ARMS_FILE, Score, ArmOutcome, main
 
 
-def make_grid(root, seed: int, diverge: dict[str, int], lead: int):
+def make_grid(root, seed: int, diverge: dict[str, int], lead: int, on_warning: str = "log",
+              warn_only: dict[str, int] | None = None):
     """A margin grid of paper/none and fa2/none at gains 10 and 50, both signs; the arms in ``diverge`` blow up at
     their step. Before that, layer 1's first-order Q-K update entropy drops in one head ``lead`` steps ahead (in both
-    roundings); the tie rate climbs only in the paper arms (FP32 scores tie rarely)."""
+    roundings); the tie rate climbs only in the paper arms (FP32 scores tie rarely). The arms in ``warn_only`` show
+    the same signals from their step on and do not blow up (an arm that switched fix at its warning)."""
     from torch.utils.tensorboard import SummaryWriter
 
     grid = MarginConfig(numerics=["paper/none", "fa2/none"], gains=[10, 50], signs=["kept", "random"], seeds=[seed],
@@ -26,6 +28,8 @@ def make_grid(root, seed: int, diverge: dict[str, int], lead: int):
     config.run.max_steps = 1600
     config.monitor.warning_tie_rate = 0.05
     config.monitor.warning_qk_update_drop = 0.2
+    config.monitor.on_warning = on_warning
+    warn_only = warn_only or {}
     state = {"version": 1, "arms": {}}
     for key, spec in plan.arms.items():
         d = diverge.get(spec.name)
@@ -38,7 +42,7 @@ def make_grid(root, seed: int, diverge: dict[str, int], lead: int):
             if s % 50:
                 continue
             wiggle = 0.01 * math.sin(0.37 * s + seed)
-            failing = d is not None and s >= d - lead
+            failing = (d is not None and s >= d - lead) or s >= warn_only.get(spec.name, 10 ** 9)
             writer.add_scalar(tags.attn(1, "tie_rate"), (0.2 if failing else 0.01) if paper else 0.001, s)
             for h in range(2):
                 entropy = 0.8 + wiggle * (h + 1) - (0.4 if failing and h == 1 else 0.0)
@@ -61,6 +65,23 @@ def test_arms_json_marks_the_arms_one_gain_below_the_margin(tmp_path):
     assert "| qk_update_drop | 0.2 |" in text and "| tie_rate | 0.05 |" in text  # the per-rule table
     assert "qk_update_drop 0.457 > 0.2 on L01 h01" in text  # the onset explained in the arms table
     assert "numerics signals agree" in text
+
+
+def test_an_arm_switched_at_its_warning_is_no_false_alarm_and_stays_out_of_the_calibration(tmp_path):
+    # monitor.on_warning=switch_fix: two arms warned (fa2/none g50 kept at step ~500, paper/none g50 kept 300 steps
+    # before its blow-up at 800); the first trained on after its switch, the second diverged anyway. Neither is a
+    # false alarm nor a warned divergence (what it would have done unswitched is not observed)
+    make_grid(tmp_path, 7, {"paper-none_g50_kept": 800}, lead=300, on_warning="switch_fix",
+              warn_only={"fa2-none_g50_kept": 500})
+    text = (tmp_path / "margin_report" / "margin.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| fa2-none_g50_kept |"))
+    assert "switched to fix=fp32_output at the warning; survived" in row and "false alarm" not in row
+    row = next(line for line in text.splitlines() if line.startswith("| paper-none_g50_kept |"))
+    assert "switched to fix=fp32_output at the warning; diverged anyway at 800" in row
+    assert "false alarms on 0 of 6 stable arms" in text and "2 arm(s) switched" in text
+    keys = {a["key"] for a in json.loads((tmp_path / "margin_report" / ARMS_FILE).read_text())}
+    assert "seed_7/fa2-none_g50_kept" not in keys and "seed_7/paper-none_g50_kept" not in keys
+    assert len(keys) == 6
 
 
 def test_thresholds_chosen_on_one_grid_hold_on_the_other(tmp_path, capsys):
