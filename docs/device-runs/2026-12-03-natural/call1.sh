@@ -8,7 +8,7 @@ set -f
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT /tmp/w
 M="python3 -m analysis.margin margin margin.schedule=full margin.signs=[kept] margin.seeds=[1337] margin.gains=[1]
-   margin.numerics=[paper/none,fa2/fp32_output] margin.processes=2 margin.budget_minutes=0 margin.max_minutes=4.5
+   margin.numerics=[paper/none,fa2/fp32_output] margin.processes=2 margin.budget_minutes=0 margin.max_minutes=3.8
    run.max_steps=2400 monitor.spectral_interval=100 monitor.probe_interval=100 monitor.qk_layers=[1]"
 declare -A GRID=(
   [nf_lr2e3]=""
