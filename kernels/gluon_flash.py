@@ -6,8 +6,10 @@ them the way FA3 does on Hopper (Shah et al., "FlashAttention-3", arXiv 2407.086
 
 - forward: one CTA per 128 query rows of one head. A 1-warp producer partition streams K and V tiles by TMA
   through a ring of shared-memory stages; two 4-warp consumer warpgroups own 64 query rows each and take the
-  stages in turn. Inside a consumer the next tile's Q K^T is issued before this tile's softmax, so the softmax
-  overlaps a running PV product (FA3's "intra-warpgroup pipelining");
+  stages in turn. Inside a consumer the next tile's Q K^T is issued before this tile's softmax (FA3's order); in
+  the machine code ptxas waits for the running PV product before the softmax's exponentials, so the softmax
+  overlaps the other warpgroup's products, not its own (holding the wait back was measured no faster:
+  docs/attention-kernel.md, Speed);
 - backward (``_bwd_kernel``): one CTA per key tile of one k/v head; K and V are loaded once, Q, dO (TMA) and
   LSE, delta stream past; 5 matrix products per tile pair, P^T and dS^T kept in registers as the A operand of
   dV and dK, dS^T staged in shared memory for dQ's share, which is added into an FP32 buffer with atomics, in a
@@ -156,9 +158,9 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
                     p_layout: gl.constexpr):
     """Key tiles [lo, hi) (lo >= 1) of the pipelined loop, in FA3's order: tile j's Q K^T is issued, the
     accumulator is rescaled by tile j-1's alpha and tile j-1's PV issued (``p16``: P_bar of j-1, its A operand),
-    and tile j's softmax runs while both products are in flight; P_bar of j goes into ``p16`` after the PV product
-    finished. Each step is acc = acc * alpha_j-1 + P_j-1 V_j-1, the plain loop's order. ``kv_it``: the ring
-    position of tile j (tile j-1 sits one before it)."""
+    and tile j's softmax follows (ptxas places the PV wait before its exponentials); P_bar of j goes into ``p16``
+    after the PV product finished. Each step is acc = acc * alpha_j-1 + P_j-1 V_j-1, the plain loop's order.
+    ``kv_it``: the ring position of tile j (tile j-1 sits one before it)."""
     dtype: gl.constexpr = k_smem.dtype
     HALF: gl.constexpr = q.shape[0]
     for j in range(lo, hi):
