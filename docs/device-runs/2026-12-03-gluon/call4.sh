@@ -11,11 +11,12 @@ mkdir -p $OUT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/machine.txt
 git log --oneline -1 >> $OUT/machine.txt
 G="arms.baseline.attention"
-timeout 250 python3 -m benchmarks.train_speed gpt2_small_paper data.data_dir=data/cache/kjv model.vocab_size=50304 \
+timeout ${GPT2_LIMIT:-250} python3 -m benchmarks.train_speed gpt2_small_paper data.data_dir=data/cache/kjv model.vocab_size=50304 \
   $G.rounding=fa2 $G.fix=fp32_output $G.backend=triton run.compile=true \
   --also "$G.backend=gluon" --also "$G.backend=gluon $G.deterministic=false" \
   --baselines cudnn --steps 6 --skip 2 --json $OUT/gpt2_small.json > $OUT/gpt2_small.log 2>&1
 echo "gpt2_small rc=$?"; tail -8 $OUT/gpt2_small.log
+[ "${1:-all}" = gpt2 ] && exit 0  # `bash call4.sh gpt2`: GPT-2 small only
 F="arms.fixed.attention"
 timeout 250 python3 -m benchmarks.train_speed gpt_1p3b_fp8 data.data_dir=data/cache/kjv data.global_batch_size=64 \
   --arm fixed precision.fp8_ffn=false $F.backend=triton \
