@@ -194,11 +194,11 @@ class MonitorConfig:
     warning_layer: int = 1
     """Layer (global index) watched by the early warning (tag warning/on; launcher/monitors/warning.py); the paper's
     failing layer is 1. A layer the model does not have turns the warning off."""
-    warning_tie_rate: float = 0.04
-    """Warn when warning_layer's tie rate (attn/Lxx/tie_rate, mean over heads) is above this; 0 disables this part.
-    Calibrated on the H200 margin grid of 2026-12-01 (docs/results.md; one seed, evaluated on the runs it was chosen
-    from): stable arms' layer-1 tie rate stays at ~1-3%; 0.04 warned 3 of 7 diverging arms 30-195 steps ahead, with
-    false alarms on 2 of 35 stable arms."""
+    warning_tie_rate: float = 0.0
+    """Warn when warning_layer's tie rate (attn/Lxx/tie_rate, mean over heads) is above this; 0 (the default)
+    disables this part. It was the default (0.04) until the GPU calibration of 2026-12-03 (docs/results.md, "Early
+    warning"): there it warned 1 of 3 diverging paper arms and none of the fa2 arms, in and out of sample (FP32
+    scores have almost no exact ties)."""
     warning_wq_growth: float = 0.0
     """Warn when warning_layer's largest per-head W_Q spectral norm exceeds this factor x its value warning_window
     steps earlier; 0 (the default) disables this part. Off because in the margin grid of 2026-12-01 every arm's W_Q
@@ -226,9 +226,14 @@ class MonitorConfig:
     """The same drop for the second-order term's spectral entropy (qk_update/Lxx/hyy/entropy2); 0 disables."""
     warning_qk_srank_drop: float = 0.0
     """The same drop for the first-order term's stable rank (qk_update/Lxx/hyy/srank); 0 disables."""
-    warning_qk_act_drop: float = 0.0
+    warning_qk_act_drop: float = 0.8647
     """The same drop for the pre-softmax score spectral entropy (qk_act/Lxx/hyy/entropy, every probe call); 0
-    disables. Needs qk_activation on warning_layer."""
+    disables. The default rule: chosen on the H200 calibration grids of 2026-12-03 (dictionary text, 6 x 384, seed
+    1337) and, on held-out grids (another text and BPE, 6 x 512, seed 2024), it warned 3 of 3 diverging paper arms
+    and 1 of 1 fa2 arm, lead median 275 steps (min 115), with no false alarm on 8 stable arms (docs/results.md,
+    "Early warning"). Reads qk_activation on warning_layer; where that monitor is off (probe_interval=0,
+    qk_activation=false, warning_layer not in qk_layers) the default part is inactive, a value set explicitly is an
+    error."""
     warning_baseline: int = 8
     """Monitor calls in the rolling baseline of the drop signals (warning_qk_*_drop) and in the delta-bias
     persistence window."""
@@ -794,6 +799,10 @@ def config_problems(config: Config, world_size: Optional[int] = None, attention_
 ON_WARNING = ("log", "checkpoint", "stop", "switch_fix")
 
 
+# each signal's default threshold (the shipped rule), which may rest silently where its monitor is off
+_MONITOR_DEFAULTS = {s: getattr(MonitorConfig, f"warning_{s}") for s in WARNING_SIGNALS}
+
+
 def monitor_problems(config: Config) -> list[str]:
     """Problems of the monitor section: intervals, the early-warning rule's inputs and what an onset does."""
     mon, m = config.monitor, config.model
@@ -814,12 +823,16 @@ def monitor_problems(config: Config) -> list[str]:
              "qk_srank_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
              "qk_act_drop": ("monitor.qk_activation", mon.qk_activation and mon.probe_interval > 0)}
     watched = mon.qk_layers is None or layer in mon.qk_layers
+    inputs_on = {"tie_rate": mon.probe_interval > 0, "wq_growth": mon.spectral_interval > 0,
+                 "wq_relative": mon.spectral_interval > 0} | {s: on and watched for s, (_, on) in needs.items()}
     for signal, (switch, on) in needs.items():
-        if thresholds[signal] > 0 and not (on and watched):
+        # the default rule simply rests where its monitor is off; a threshold the user chose must be readable
+        if thresholds[signal] > 0 and not inputs_on[signal] and thresholds[signal] != _MONITOR_DEFAULTS[signal]:
             problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads {switch} of layer {layer}, which "
                             f"is off; set {switch}=true with its interval > 0 and monitor.warning_layer in "
                             f"monitor.qk_layers, or monitor.warning_{signal}=0")
     delta_on = mon.probe_interval > 0 and layer in mon.delta_layers(m.n_layer)
+    inputs_on |= {"dwq_cos": delta_on, "delta_persistence": delta_on}
     for signal in ("dwq_cos", "delta_persistence"):
         if thresholds[signal] > 0 and not delta_on:
             problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads the delta bias of layer {layer}, "
@@ -828,12 +841,11 @@ def monitor_problems(config: Config) -> list[str]:
     problems += _choice(mon.on_warning, ON_WARNING, "monitor.on_warning")
     problems += _choice(mon.switch_fix_to, tuple(f for f in FIXES if f != "none"), "monitor.switch_fix_to")
     if mon.on_warning != "log":
-        active = any(t > 0 for t in thresholds.values()) and layer < m.n_layer \
-            and (mon.spectral_interval > 0 or mon.probe_interval > 0)
+        active = any(t > 0 and inputs_on[s] for s, t in thresholds.items()) and layer < m.n_layer
         if not active:
             problems.append(f"monitor.on_warning={mon.on_warning} acts on the early warning, which is off (every "
-                            "monitor.warning_<signal> is 0, warning_layer is not a layer of the model, or the monitor "
-                            "intervals are 0); set a threshold, or monitor.on_warning=log")
+                            "monitor.warning_<signal> is 0 or reads a monitor that is off, or warning_layer is not a "
+                            "layer of the model); set a threshold its monitor measures, or monitor.on_warning=log")
         if not config.checkpoint.enabled:
             problems.append(f"monitor.on_warning={mon.on_warning} saves a checkpoint at the onset, but "
                             "checkpoint.enabled=false; set checkpoint.enabled=true or monitor.on_warning=log")

@@ -89,7 +89,12 @@ def test_switch_fix_is_recorded_and_a_resume_after_it_is_exact(common):
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (["monitor.on_warning=stop", "monitor.warning_tie_rate=0"], "acts on the early warning, which is off"),
+    (["monitor.on_warning=stop", "monitor.warning_qk_act_drop=0"], "acts on the early warning, which is off"),
+    # the default rule reads the probe's Q-K scores: with the probe off there is nothing to act on
+    (["monitor.on_warning=stop", "monitor.probe_interval=0"], "acts on the early warning, which is off"),
+    # a threshold chosen by the user must be measurable
+    (["monitor.warning_qk_act_drop=0.5", "monitor.probe_interval=0"],
+     "monitor.warning_qk_act_drop=0.5 reads monitor.qk_activation of layer 1, which is off"),
     (["monitor.on_warning=checkpoint", "checkpoint.enabled=false"], "checkpoint.enabled=false"),
     (["monitor.on_warning=halt"], "monitor.on_warning='halt' is not one of"),
     (["monitor.on_warning=switch_fix", "monitor.switch_fix_to=none"], "monitor.switch_fix_to='none'"),
@@ -97,6 +102,13 @@ def test_switch_fix_is_recorded_and_a_resume_after_it_is_exact(common):
 def test_mistakes_are_named(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config("smoke", overrides)
+
+
+def test_default_rule_rests_where_its_monitor_is_off():
+    """The shipped threshold (qk_act_drop) does not make a run without the probe an error; the rule just has no
+    input there, and the run loads as before."""
+    config = load_config("smoke", ["monitor.probe_interval=0"])
+    assert config.monitor.warning_qk_act_drop > 0 and config.monitor.on_warning == "log"
 
 
 def test_margin_refuses_stop():
