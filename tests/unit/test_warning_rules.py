@@ -152,7 +152,7 @@ def test_numerics_context_of_an_onset():
              tags.attn(1, "tie_rate"): (np.array(STEPS), np.array([0.01] * len(STEPS)))}
     onset = replay(rule, quiet).onsets[0]
     assert onset.numerics.tie_elevated is False and onset.numerics.one_signed is False
-    assert "do not agree" in onset.describe()
+    assert "numerics signals quiet" in onset.describe() and "does not rule out attention rounding" in onset.describe()
     assert "not measured" in replay(rule, drop).onsets[0].describe()
 
 
