@@ -803,6 +803,18 @@ ON_WARNING = ("log", "checkpoint", "stop", "switch_fix")
 _MONITOR_DEFAULTS = {s: getattr(MonitorConfig, f"warning_{s}") for s in WARNING_SIGNALS}
 
 
+def warning_inputs_on(config: Config) -> dict[str, bool]:
+    """Per early-warning signal: are its inputs measured on monitor.warning_layer with these monitor settings?"""
+    mon, layer = config.monitor, config.monitor.warning_layer
+    qk_watched = mon.qk_layers is None or layer in mon.qk_layers
+    update_on = mon.qk_update and mon.spectral_interval > 0 and qk_watched
+    delta_on = mon.probe_interval > 0 and layer in mon.delta_layers(config.model.n_layer)
+    return {"tie_rate": mon.probe_interval > 0, "wq_growth": mon.spectral_interval > 0,
+            "wq_relative": mon.spectral_interval > 0, "dwq_cos": delta_on, "delta_persistence": delta_on,
+            "qk_update_drop": update_on, "qk_update2_drop": update_on, "qk_srank_drop": update_on,
+            "qk_act_drop": mon.qk_activation and mon.probe_interval > 0 and qk_watched}
+
+
 def monitor_problems(config: Config) -> list[str]:
     """Problems of the monitor section: intervals, the early-warning rule's inputs and what an onset does."""
     mon, m = config.monitor, config.model
@@ -818,23 +830,17 @@ def monitor_problems(config: Config) -> list[str]:
         if not 0 <= layer < m.n_layer:
             problems.append(f"monitor.qk_layers has layer {layer}; layers are 0..{m.n_layer - 1}")
     layer = mon.warning_layer
-    needs = {"qk_update_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
-             "qk_update2_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
-             "qk_srank_drop": ("monitor.qk_update", mon.qk_update and mon.spectral_interval > 0),
-             "qk_act_drop": ("monitor.qk_activation", mon.qk_activation and mon.probe_interval > 0)}
-    watched = mon.qk_layers is None or layer in mon.qk_layers
-    inputs_on = {"tie_rate": mon.probe_interval > 0, "wq_growth": mon.spectral_interval > 0,
-                 "wq_relative": mon.spectral_interval > 0} | {s: on and watched for s, (_, on) in needs.items()}
-    for signal, (switch, on) in needs.items():
+    switches = {"qk_update_drop": "monitor.qk_update", "qk_update2_drop": "monitor.qk_update",
+                "qk_srank_drop": "monitor.qk_update", "qk_act_drop": "monitor.qk_activation"}
+    inputs_on = warning_inputs_on(config)
+    for signal, switch in switches.items():
         # the default rule simply rests where its monitor is off; a threshold the user chose must be readable
         if thresholds[signal] > 0 and not inputs_on[signal] and thresholds[signal] != _MONITOR_DEFAULTS[signal]:
             problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads {switch} of layer {layer}, which "
                             f"is off; set {switch}=true with its interval > 0 and monitor.warning_layer in "
                             f"monitor.qk_layers, or monitor.warning_{signal}=0")
-    delta_on = mon.probe_interval > 0 and layer in mon.delta_layers(m.n_layer)
-    inputs_on |= {"dwq_cos": delta_on, "delta_persistence": delta_on}
     for signal in ("dwq_cos", "delta_persistence"):
-        if thresholds[signal] > 0 and not delta_on:
+        if thresholds[signal] > 0 and not inputs_on[signal]:
             problems.append(f"monitor.warning_{signal}={thresholds[signal]:g} reads the delta bias of layer {layer}, "
                             f"which is not measured; add {layer} to monitor.delta_bias_layers (and a probe_interval "
                             f"> 0), or set monitor.warning_{signal}=0")

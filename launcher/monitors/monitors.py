@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from kernels.modes import tie_tile_keys
+from launcher.config import warning_inputs_on
 from launcher.fp8 import side_pass
 from launcher.monitors import tags
 from launcher.parallel.dims import ParallelDims
@@ -168,6 +169,12 @@ class Monitors:
         # early warning (warning.py), evaluated where the merged values of all stages are: the logging rank
         rule = WarningRule.from_monitor(mon)
         self.warning = EarlyWarning(rule) if rule.enabled and rule.layer < self.n_layer else None
+        measured = warning_inputs_on(config)
+        if self.warning is not None and not any(measured[s] for s in rule.thresholds()) \
+                and self.dims.is_logging_rank:
+            # the default rule rests where its monitor is off (launcher/config.py): say so, once, at the start
+            print(f"[monitors] early warning off in this run: {', '.join(rule.thresholds())} reads monitors that "
+                  "are off here (monitor.probe_interval, qk_activation, qk_layers; docs/monitoring.md)", flush=True)
         self._warned = False
         self._onset: Optional[Onset] = None
 

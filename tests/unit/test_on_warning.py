@@ -111,6 +111,16 @@ def test_default_rule_rests_where_its_monitor_is_off():
     assert config.monitor.warning_qk_act_drop > 0 and config.monitor.on_warning == "log"
 
 
+def test_a_run_without_the_rules_input_says_its_warning_is_off(tiny_overrides, capsys):
+    """With the spectra on and the probe off (tiny_overrides' probe_interval=0) the default rule has nothing to
+    read: the run says so once; with the probe on it does not."""
+    short = [*tiny_overrides, "run.max_steps=2", "optim.decay_steps=2", "eval.interval=0", "monitor.spectral_interval=1"]
+    train_arm(load_config("smoke", short), ParallelDims())
+    assert capsys.readouterr().out.count("early warning off in this run: qk_act_drop") == 1
+    train_arm(load_config("smoke", [*short, "monitor.probe_interval=1", "run.experiment=probed"]), ParallelDims())
+    assert "early warning off" not in capsys.readouterr().out
+
+
 def test_margin_refuses_stop():
     from analysis.margin import prepare
 
