@@ -40,6 +40,15 @@ def arm_onsets(arm) -> Optional[list[Onset]]:
     return replay(rule, arm.scalars).onsets
 
 
+def too_short(arm) -> Optional[int]:
+    """The rule's first step (monitor.warning_after_step) when the arm's logged steps all lie before it, else None:
+    such a run could not warn whatever happened (e.g. README command 1's 120 steps against step 200)."""
+    rule, flag = arm_rule(arm.path), arm.get(tags.WARNING)
+    if rule is None or flag is None or not len(flag[0]) or flag[0][-1] >= rule.after_step:
+        return None
+    return rule.after_step
+
+
 def switches(arm_dir: Path) -> list[dict]:
     """The arm's changes.yaml entries made by monitor.on_warning=switch_fix (launcher/on_warning.py)."""
     from launcher.on_warning import SOURCE
@@ -62,6 +71,9 @@ def summary_lines(arms) -> str:
         onsets = arm_onsets(arm)
         if onsets is None or flag is None:
             lines.append(f"  {arm.name}: not evaluated (no warning rule in its config, or warning/on not logged)")
+        elif not onsets and too_short(arm) is not None:
+            lines.append(f"  {arm.name}: no onset possible: the rule starts at step {too_short(arm)} "
+                         f"(monitor.warning_after_step), after this run's last monitor step {int(flag[0][-1])}")
         elif not onsets:
             lines.append(f"  {arm.name}: no onset over {len(flag[0])} monitor steps")
         else:
@@ -116,6 +128,8 @@ def panel(arms, out_dir: Path) -> tuple[str, str]:
                         color="tab:green")
         state = ("rule not evaluated" if flag is None or arm_onsets(arm) is None else
                  f"{len(_spans(*flag))} warning span(s)")
+        if too_short(arm) is not None:
+            state += f"; the rule starts at step {too_short(arm)}, after this run"
         ax.set_title(f"{arm.name}: train loss, early warning shaded ({state})", fontsize=9)
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)

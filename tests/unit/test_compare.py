@@ -209,3 +209,28 @@ def test_a_delta_stress_pair_is_read_as_the_margin_test(tmp_path):
     assert (f"what this shows: the delta error amplified 300x with its own sign (kept) diverged from the reference "
             f"arm at step {step}, while the same error with random signs (random) trained on") in summary
     assert "the persistent sign, not the error's size, is what breaks training" in summary
+
+
+class _Arm:
+    """What warning_timeline reads of an arm: its folder (config.yaml), name and logged series."""
+
+    def __init__(self, path: Path, last_step: int):
+        steps = np.arange(10, last_step + 1, 10)
+        self.path, self.name = path, path.name
+        self.scalars = {tags.WARNING: (steps, np.zeros(len(steps)))}
+
+    def get(self, tag):
+        return self.scalars.get(tag)
+
+
+@pytest.mark.parametrize("last_step, expected", [
+    (120, "no onset possible: the rule starts at step 200 (monitor.warning_after_step), after this run's last "
+          "monitor step 120"),
+    (400, "no onset over 40 monitor steps"),
+])
+def test_warning_summary_says_when_a_run_ended_before_the_rule_starts(tmp_path, last_step, expected):
+    from launcher.warning_timeline import summary_lines
+
+    (tmp_path / "arm").mkdir()
+    (tmp_path / "arm" / "config.yaml").write_text("monitor: {warning_after_step: 200}\n")
+    assert f"  arm: {expected}" in summary_lines([_Arm(tmp_path / "arm", last_step)]).splitlines()
