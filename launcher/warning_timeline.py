@@ -68,11 +68,11 @@ def summary_lines(arms) -> str:
     lines = ["early warning (warning/on; launcher/monitors/warning.py):"]
     for arm in arms:
         flag = arm.get(tags.WARNING)
-        onsets = arm_onsets(arm)
+        onsets, first_step = arm_onsets(arm), too_short(arm)
         if onsets is None or flag is None:
             lines.append(f"  {arm.name}: not evaluated (no warning rule in its config, or warning/on not logged)")
-        elif not onsets and too_short(arm) is not None:
-            lines.append(f"  {arm.name}: no onset possible: the rule starts at step {too_short(arm)} "
+        elif not onsets and first_step is not None:
+            lines.append(f"  {arm.name}: no onset possible: the rule starts at step {first_step} "
                          f"(monitor.warning_after_step), after this run's last monitor step {int(flag[0][-1])}")
         elif not onsets:
             lines.append(f"  {arm.name}: no onset over {len(flag[0])} monitor steps")
@@ -128,8 +128,9 @@ def panel(arms, out_dir: Path) -> tuple[str, str]:
                         color="tab:green")
         state = ("rule not evaluated" if flag is None or arm_onsets(arm) is None else
                  f"{len(_spans(*flag))} warning span(s)")
-        if too_short(arm) is not None:
-            state += f"; the rule starts at step {too_short(arm)}, after this run"
+        first_step = too_short(arm)
+        if first_step is not None:
+            state += f"; the rule starts at step {first_step}, after this run"
         ax.set_title(f"{arm.name}: train loss, early warning shaded ({state})", fontsize=9)
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
