@@ -23,7 +23,7 @@ import argparse  # noqa: E402 (the imports below load torch)
 import math
 import os
 import sys
-from typing import Optional
+from typing import NoReturn, Optional
 
 import yaml
 
@@ -181,5 +181,12 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
     return WARNING_EXIT_STATUS if any(r.status == "stopped_by_warning" for r in results) else 0
 
 
+def exit_with(status: int) -> NoReturn:
+    """Exit the process with ``main``'s status. A USR1 or TERM from here on has nothing left to save; ignored, it
+    cannot kill the interpreter's teardown (launcher/stop_signals.py) and turn a finished leg into status 138."""
+    STOP.ignore_while_exiting()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -5,7 +5,7 @@ any moment of a leg, also while the process is still importing torch or resuming
 kill it there, and the leg would end without a word. So ``launcher.pretrain`` traps both on its first lines
 (``STOP.trap_scheduler_signals``); the trainer adds Ctrl-C while it trains (``STOP.while_training``) and checks
 ``STOP.requested`` at the end of each step, then saves and returns. A stop asked before the first step is honoured
-after that step. Only the standard library is imported here: this module loads before torch.
+after that step. Once ``main`` has returned, ``STOP.ignore_while_exiting`` keeps both from killing the exit. Only the standard library is imported here: this module loads before torch.
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ class StopRequests:
         """From now on, TERM and USR1 ask for a stop instead of killing the process."""
         for sig in SCHEDULER_SIGNALS:
             signal.signal(sig, self._handle)
+
+    def ignore_while_exiting(self) -> None:
+        """The process's work is done (and saved): from now on TERM and USR1 are ignored. Python's finalisation puts
+        every signal handled in Python back to its default action, which for both ends the process, so a time-limit
+        warning during the teardown of a finished leg (seconds, with torch) would end it with status 138 and the
+        batch script would requeue a completed run (seen in tests/slurm); an ignored signal stays ignored."""
+        for sig in SCHEDULER_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
     @contextlib.contextmanager
     def while_training(self) -> Iterator["StopRequests"]:

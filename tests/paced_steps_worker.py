@@ -4,7 +4,6 @@ needs a run to outlast a deadline on any machine, without making it longer than 
 (tests/slurm/test_slurm.py: the time-limit test's run must outlast its first leg). Sleeping changes no number."""
 
 import os
-import sys
 import time
 
 from launcher.stop_signals import STOP
@@ -27,4 +26,4 @@ def paced_train_step(self, step: int):
 
 if __name__ == "__main__":
     Trainer.train_step = paced_train_step
-    sys.exit(pretrain.main())
+    pretrain.exit_with(pretrain.main())

@@ -4,7 +4,6 @@ each checkpoint save pauses once, ``CHECKPOINT_TEST_PAUSE_S`` seconds after its 
 tests/slurm/test_slurm.py)."""
 
 import os
-import sys
 import time
 
 from launcher.stop_signals import STOP
@@ -35,4 +34,4 @@ class PausingWriter(HashingWriter):
 
 
 if __name__ == "__main__":
-    sys.exit(pretrain.main(checkpoint_writer=PausingWriter))
+    pretrain.exit_with(pretrain.main(checkpoint_writer=PausingWriter))
