@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# nvidia-h200, issue 34's open grids, planned (NOT run yet): `bash docs/device-runs/planned-34/grids.sh PART`,
+# nvidia-h200, issue 34's open grids: `bash docs/device-runs/2026-12-04/grids.sh PART`,
 # carry data/cache/gcide (docs/device-runs/2026-12-02-warning/prepare_data.sh). One part per device call; each
 # stops its arms with checkpoints at margin.max_minutes (MAX_MINUTES, default 8) and the same command continues
 # them while the machine stays warm (the runs/ folder survives between calls of one lease only).
 #   exact_fa2    exact-referenced margins (margin.reference=exact) of fa2/none, fa2/stochastic_output and
-#                fa2/dynamic_max at g = 50, 100, 200, both signs, seed 1337, + fa2/exact_delta (19 arms)
+#                fa2/dynamic_max at g = 50, 100, 200, both signs, seed 1337 (18 arms; fa2/exact_delta runs in exact_paper)
 #   exact_paper  the same for paper/none, paper/stochastic_output, paper/dynamic_max at g = 20, 50, 100 (19 arms)
+#   exact_paper_fp32  paper/fp32_output against the exact delta at g = 50, 100, both signs (4 arms), beside
+#                exact_paper: the 2026-12-02 grid ran it at g >= 200 only
 #   output       the forward stress (margin.stress=output: O the next layer sees = LP(O32 + g s (O_mode - O32)))
 #                of fa2/none, paper/none and fa2/fp32_output (its forward O is the BF16 one of fa2/none, its delta
 #                clean) at g = 10, 100, 1000, both signs (18 arms); gains not probed before: a first bracket
@@ -24,17 +26,19 @@ mkdir -p $OUT /tmp/p34
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/machine_$part.txt
 M="python3 -m analysis.margin margin margin.schedule=full margin.signs=[kept,random] margin.seeds=[1337]
    margin.budget_minutes=0 margin.max_minutes=${MAX_MINUTES:-8} monitor.spectral_interval=100
-   monitor.probe_interval=25 monitor.qk_update=false monitor.qk_layers=[1] run.experiment=p34_$part"
+   monitor.probe_interval=${PROBE:-25} monitor.qk_update=false monitor.qk_layers=[1] run.experiment=p34_$part"
 case $part in
-  exact_fa2)   G="margin.reference=exact margin.numerics=[fa2/none,fa2/stochastic_output,fa2/dynamic_max,fa2/exact_delta]
-                  margin.gains=[50,100,200] margin.processes=19" ;;
+  exact_fa2)   G="margin.reference=exact margin.numerics=[fa2/none,fa2/stochastic_output,fa2/dynamic_max]
+                  margin.gains=[50,100,200] margin.processes=18" ;;
   exact_paper) G="margin.reference=exact margin.numerics=[paper/none,paper/stochastic_output,paper/dynamic_max,fa2/exact_delta]
                   margin.gains=[20,50,100] margin.processes=19" ;;
+  exact_paper_fp32) G="margin.reference=exact margin.numerics=[paper/fp32_output] margin.gains=[50,100]
+                  margin.processes=4" ;;  # below the g = 200 where its kept sign diverged (2026-12-02)
   output)      G="margin.stress=output margin.numerics=[fa2/none,paper/none,fa2/fp32_output] margin.gains=[10,100,1000]
                   margin.processes=18" ;;
   tokens4x)    G="data.global_batch_size=256 data.micro_batch_size=64 margin.numerics=[paper/none,fa2/none,fa2/fp32_output]
                   margin.gains=[20,50,100] margin.processes=13" ;;
-  *) echo "usage: bash grids.sh exact_fa2|exact_paper|output|tokens4x" >&2; exit 2 ;;
+  *) echo "usage: bash grids.sh exact_fa2|exact_paper|exact_paper_fp32|output|tokens4x" >&2; exit 2 ;;
 esac
 $M $G > /tmp/p34/$part.log 2>&1
 $M $G --report-only > /tmp/p34/${part}_report.log 2>&1  # the report also when max_minutes stopped the grid
