@@ -4,7 +4,7 @@
 # stops its arms with checkpoints at margin.max_minutes (MAX_MINUTES, default 8) and the same command continues
 # them while the machine stays warm (the runs/ folder survives between calls of one lease only).
 #   exact_fa2    exact-referenced margins (margin.reference=exact) of fa2/none, fa2/stochastic_output and
-#                fa2/dynamic_max at g = 50, 100, 200, both signs, seed 1337 (18 arms; fa2/exact_delta runs in exact_paper)
+#                fa2/dynamic_max at g = 100, 200, both signs, seed 1337 (12 arms; fa2/exact_delta runs in exact_paper)
 #   exact_paper  the same for paper/none, paper/stochastic_output, paper/dynamic_max at g = 20, 50, 100 (19 arms)
 #   exact_paper_fp32  paper/fp32_output against the exact delta at g = 50, 100, both signs (4 arms), beside
 #                exact_paper: the 2026-12-02 grid ran it at g >= 200 only
@@ -29,7 +29,7 @@ M="python3 -m analysis.margin margin margin.schedule=full margin.signs=[kept,ran
    monitor.probe_interval=${PROBE:-25} monitor.qk_update=false monitor.qk_layers=[1] run.experiment=p34_$part"
 case $part in
   exact_fa2)   G="margin.reference=exact margin.numerics=[fa2/none,fa2/stochastic_output,fa2/dynamic_max]
-                  margin.gains=[50,100,200] margin.processes=18" ;;
+                  margin.gains=[100,200] margin.processes=12" ;;  # g = 50 dropped for device time (2026-12-04)
   exact_paper) G="margin.reference=exact margin.numerics=[paper/none,paper/stochastic_output,paper/dynamic_max,fa2/exact_delta]
                   margin.gains=[20,50,100] margin.processes=19" ;;
   exact_paper_fp32) G="margin.reference=exact margin.numerics=[paper/fp32_output] margin.gains=[50,100]
