@@ -8,6 +8,8 @@
 #   exact_paper  the same for paper/none, paper/stochastic_output, paper/dynamic_max at g = 20, 50, 100 (19 arms)
 #   exact_paper_fp32  paper/fp32_output against the exact delta at g = 50, 100, both signs (4 arms), beside
 #                exact_paper: the 2026-12-02 grid ran it at g >= 200 only
+#   decide       paper/stochastic_output and paper/fp32_output against the exact delta at g = 200, both signs,
+#                seeds 1337 and 2024 (8 arms): the cells that decide the paper-rounding recipes' fix
 #   output       the forward stress (margin.stress=output: O the next layer sees = LP(O32 + g s (O_mode - O32)))
 #                of fa2/none, paper/none and fa2/fp32_output (its forward O is the BF16 one of fa2/none, its delta
 #                clean) at g = 10, 100, 1000, both signs (18 arms); gains not probed before: a first bracket
@@ -34,11 +36,13 @@ case $part in
                   margin.gains=[20,50,100] margin.processes=19" ;;
   exact_paper_fp32) G="margin.reference=exact margin.numerics=[paper/fp32_output] margin.gains=[50,100]
                   margin.processes=4" ;;  # below the g = 200 where its kept sign diverged (2026-12-02)
+  decide)      G="margin.reference=exact margin.numerics=[paper/stochastic_output,paper/fp32_output] margin.gains=[200]
+                  margin.seeds=[1337,2024] margin.processes=8" ;;  # the cells that pick the paper recipes' fix
   output)      G="margin.stress=output margin.numerics=[fa2/none,paper/none,fa2/fp32_output] margin.gains=[10,100,1000]
                   margin.processes=18" ;;
   tokens4x)    G="data.global_batch_size=256 data.micro_batch_size=64 margin.numerics=[paper/none,fa2/none,fa2/fp32_output]
                   margin.gains=[20,50,100] margin.processes=13" ;;
-  *) echo "usage: bash grids.sh exact_fa2|exact_paper|exact_paper_fp32|output|tokens4x" >&2; exit 2 ;;
+  *) echo "usage: bash grids.sh exact_fa2|exact_paper|exact_paper_fp32|decide|output|tokens4x" >&2; exit 2 ;;
 esac
 $M $G > /tmp/p34/$part.log 2>&1
 $M $G --report-only > /tmp/p34/${part}_report.log 2>&1  # the report also when max_minutes stopped the grid
