@@ -518,15 +518,23 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
         refs = [k for k, a in plan.arms.items() if a.cells[0].numerics == f"{rounding}/{reference_fix}"
                 and scalars.get(k) and k not in keys]
         name = f"curves_{numerics.replace('/', '-')}.png"
+        # fourth panel: the early warning's default input (pre-softmax score entropy) where the probe logged it,
+        # else the Q-K update entropy; a grid may have measured neither (monitor.qk_activation / qk_update off)
+        entropy_family, entropy_title = next(
+            ((family, title) for family, title in
+             (("qk_act", "L01 pre-softmax score spectral entropy (lowest head; the early warning's input)"),
+              ("qk_update", "L01 Q-K update spectral entropy, first order (lowest head)"))
+             if any(lowest_head(scalars[k], family, "entropy") for k in keys + refs)),
+            ("qk_act", "L01 score / Q-K update entropy"))
         fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
         # scale: None linear, "log" (W_Q norms are > 0), "symlog" (tie rates from 1% to ~40%, and 0 stays visible)
         panels = [("train loss (nats)", lambda sc: sc.get(tags.TRAIN_LOSS), None),
                   ("L01 largest W_Q head spectral norm", lambda sc: max_wq_head(sc, 1), "log"),
                   ("L01 tie rate (probe batch; linear below 0.001)", lambda sc: sc.get(tags.attn(1, "tie_rate")),
                    "symlog"),
-                  ("L01 Q-K update spectral entropy, first order (lowest head)",
-                   lambda sc: lowest_head(sc, "qk_update", "entropy"), None)]
+                  (entropy_title, lambda sc: lowest_head(sc, entropy_family, "entropy"), None)]
         for ax, (title, get, log) in zip(axes, panels):
+            drawn = False
             for key in refs + keys:
                 spec = plan.arms[key]
                 cell = spec.cells[0]
@@ -547,12 +555,17 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
                 if log == "log":
                     finite &= values > 0
                 ax.plot(steps[finite], values[finite], ls, color=c, lw=1.4, label=label)
+                drawn = True
                 st = status.get(key, {})
                 if st.get("status") == "diverged" and st.get("step") is not None and finite.any():
                     ax.axvline(st["step"], color=c, ls=":", lw=0.9)
                 w = warnings.get(key)
                 if w is not None and title.startswith("train"):
                     ax.plot([w], [np.interp(w, steps[finite], values[finite])], "v", color=c, ms=7)
+            if not drawn:  # say so rather than leave an empty frame that reads as "flat"
+                ax.text(0.5, 0.5, "not measured in this grid", ha="center", va="center", transform=ax.transAxes,
+                        color="0.4")
+                log = None
             if log == "symlog":
                 ax.set_yscale("symlog", linthresh=1e-3)
                 ax.set_ylim(bottom=0)
@@ -574,8 +587,8 @@ def _figures(plan, scalars, status, warnings, out: Path, max_steps: int) -> list
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
-        figures.append((name, f"{numerics}: loss, layer 1's largest W_Q head norm, tie rate and Q-K update entropy "
-                              "per arm"))
+        figures.append((name, f"{numerics}: loss, layer 1's largest W_Q head norm, tie rate and "
+                              f"{'score' if entropy_family == 'qk_act' else 'Q-K update'} entropy per arm"))
     return figures
 
 
