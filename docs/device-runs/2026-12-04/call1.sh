@@ -3,7 +3,7 @@
 # put it at 3.3% against fix=none, just above the 3% the issue's rule allows). GPT-2 small, compiled, paper rounding
 # (the paper-rounding recipes' fixed arms), 327,680 tokens per step; the three fixes twice each, interleaved in one
 # benchmarks.train_speed process so that drift shows as a difference between the rounds (carry data/cache/kjv).
-# The same call copies the first Transformer Engine chunk to /tmp/te (../shared/device/README.md).
+# The same call copies the first Transformer Engine chunk to /tmp/te (the README beside this script, calls 1-6).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 mkdir -p $OUT /tmp/te && cp .devcache/te.whl.00 /tmp/te/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/machine.txt

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # nvidia-h200, issue 31 item 7: the 1.3B FP8 recipe's fixed arm (fa2/fp32_output, FP8 FFNs, eager) with each
 # attention backend against the Transformer Engine baseline, in one benchmarks.train_speed run (carry
-# data/cache/kjv). Run after `source .devcache/install.sh` (Transformer Engine 2.20.2, ../shared/device/README.md).
+# data/cache/kjv). Run after `source .devcache/install.sh` (Transformer Engine 2.20.2; README here, calls 1-6).
 #   recipe                  attention.backend=auto (on sm_90 at head_dim 128: the Gluon forward, the Triton
 #                           deterministic backward; the run prints which kernel it uses)
 #   backend=triton          the Triton kernel forward and backward (the 2026-12-01 row: 0.938x TE)
