@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 
 import torch
 
@@ -27,7 +28,7 @@ from kernels.rounding import layer_keys, mix32, row_keys
 
 __all__ = ["ROUNDINGS", "FIXES", "DELTA_SIGNS", "BACKENDS", "PAPER_BLOCK_KEYS", "AttentionSettings", "attention",
            "implementation", "describe", "flash_attention", "reference_attention", "saved_output", "mix32", "row_keys",
-           "layer_keys"]
+           "layer_keys", "tuning_record", "install_tuning"]
 
 # The compiled implementations by backend name (module interface: kernels/ops.py); "reference" is kernels.reference.
 _COMPILED = {"triton": "kernels.triton_flash", "gluon": "kernels.gluon_flash"}
@@ -66,6 +67,22 @@ def describe(name: str, settings: AttentionSettings) -> str:
 def compiled_module(name: str):
     """The module of a compiled implementation (imported on first use; see kernels/ops.py for its interface)."""
     return importlib.import_module(_COMPILED[name])
+
+
+def tuning_record() -> dict:
+    """The Triton kernel's autotuned tile choices in this process (``kernels.triton_flash.tuning_record``), part of a
+    run's numerics and saved with its checkpoints; {} where the kernel never ran (CPU, the reference)."""
+    module = sys.modules.get(_COMPILED["triton"])
+    return module.tuning_record() if module is not None else {}
+
+
+def install_tuning(record: dict | None) -> str:
+    """Install a checkpoint's ``tuning_record`` before the first launch of a resumed process, so that it runs the
+    recorded tiles (``kernels.triton_flash.install_tuning``); returns what it did in words, "" where there was
+    nothing to do (an empty record, or no GPU: the CPU path runs the reference, which has no tiles)."""
+    if not (record or {}).get("choices") or not torch.cuda.is_available():
+        return ""
+    return compiled_module("triton").install_tuning(record)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings,

@@ -1071,6 +1071,57 @@ DQ = _Kernel(_bwd_dq_kernel, FIXED_DQ, _DQ_CONFIGS, _DQ_KEY)
 DQ_FINISH = _Kernel(_bwd_dq_finish_kernel, dict(BLOCK_M=64))
 
 
+# The autotuned kernels by the name a tuning record uses for them.
+TUNED = {"forward": FWD, "delta_exact": DELTA_EXACT, "dkdv": DKDV, "dq": DQ}
+
+
+def _device_name() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _encode_key(key: tuple) -> list:
+    """A tuning key as JSON-able values (its torch dtype as "dtype:<name>")."""
+    return [f"dtype:{str(v).removeprefix('torch.')}" if isinstance(v, torch.dtype) else v for v in key]
+
+
+def _decode_key(values: list) -> tuple:
+    return tuple(getattr(torch, v[len("dtype:"):]) if isinstance(v, str) and v.startswith("dtype:") else v
+                 for v in values)
+
+
+def tuning_record() -> dict:
+    """The autotuner's choices of this process so far (tile sizes, warps, stages per tuning key of each kernel), and
+    the GPU they were timed on. The tile decides which running maximum P is rounded against, so the choice is part of
+    a run's numerics: a checkpoint keeps it and a resumed process installs it (``install_tuning``) instead of timing
+    the candidates again, perhaps to another answer."""
+    return {"device": _device_name(), "triton": triton.__version__,
+            "choices": {name: [[_encode_key(key), dict(cfg)] for key, cfg in kernel.chosen.items()]
+                        for name, kernel in TUNED.items() if kernel.chosen}}
+
+
+def install_tuning(record: dict | None) -> str:
+    """Make the choices of ``record`` (``tuning_record``'s, e.g. from a checkpoint) this process's, so that its
+    launches use the recorded tiles for those keys; keys not in it are timed as usual. Returns what it did in words
+    ("" for an empty record). A record from another GPU model is not installed (its tiles were timed there and may
+    not fit this one): the kernels choose again, which the message says may change the numerics."""
+    choices = (record or {}).get("choices") or {}
+    if not choices:
+        return ""
+    here, there = _device_name(), record.get("device")
+    if here != there:
+        return (f"the attention kernels' tiles were autotuned on {there}, this is {here}: they are chosen again, "
+                f"so the numerics may differ from the recorded run's from here on")
+    installed = 0
+    for name, entries in choices.items():
+        kernel = TUNED.get(name)
+        if kernel is None:  # a kernel of another version of this module
+            continue
+        for key, cfg in entries:
+            kernel.chosen[_decode_key(key)] = dict(cfg)
+            installed += 1
+    return f"installed {installed} recorded attention-kernel tile choice(s) (autotuned on {there})"
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a constexpr function: slower on the host
 

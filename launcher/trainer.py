@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+import kernels
 from launcher import distributed
 from launcher.arm_status import write_status
 from launcher.checkpoint import (FORMAT, RUN, CheckpointStore, HashingWriter, check_fits, fp8_destinations,
@@ -187,6 +188,7 @@ class Trainer:
             dist.barrier()
         run = self.store.run_state(latest) if latest is not None else None
         self.switch: Optional[on_warning.Switch] = None  # an early warning's switch of attention.fix, if any
+        self.tuning_note = ""  # what resuming did with the checkpoint's attention-kernel tiles
         if run is not None:  # a switch made before this checkpoint still holds (launcher/on_warning.py)
             config, self.switch = on_warning.resume_switch(config, run)
             self.config = config
@@ -213,6 +215,8 @@ class Trainer:
             self.guard.load_state_dict(run["guard"])
             set_rng_state(read[rng])
             self.start_step = run["step"]
+            # before the first launch: the tiles the run was autotuned to are part of its numerics
+            self.tuning_note = kernels.install_tuning(run.get("kernel_tuning"))
 
         self.autocast = autocast_factory(config, dims.device)
         logging = dims.is_logging_rank
@@ -228,6 +232,8 @@ class Trainer:
             if self.metrics_note:
                 self.metrics.print(f"settings changed from step {self.start_step} (recorded in "
                                    f"{self.run_dir / 'changes.yaml'}): {self.metrics_note}")
+            if self.tuning_note:
+                self.metrics.print(self.tuning_note)
         else:
             self.metrics.text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
         self.monitors = self._build_monitors(latest, saved)
@@ -339,7 +345,8 @@ class Trainer:
             entries[RUN] = {"format": FORMAT, "step": step, "adam_step": self.engine.adam_step(),
                             "guard": self.guard.state_dict(), "layout": dims.describe(),
                             "world_size": dims.world_size, "config": self.config.to_dict(),
-                            "warning_switch": self.switch.to_dict() if self.switch is not None else None}
+                            "warning_switch": self.switch.to_dict() if self.switch is not None else None,
+                            "kernel_tuning": kernels.tuning_record()}
         self.store.save(step, entries, dims)
         self._saved_step = step
 

@@ -1,6 +1,9 @@
 """The trainer on a CUDA GPU: both arms with the Triton kernel under BF16 autocast, and FP8 FFNs through TE."""
 
 import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,8 @@ pytestmark = pytest.mark.gpu
 
 needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
                               reason="transformer_engine is not installed (on a GPU machine: pip install -e '.[gpu]')")
+
+REPO = Path(__file__).resolve().parents[2]
 
 GPU_OVERRIDES = ["run.device=cuda", "model.d_model=128", "model.n_head=2", "model.max_seq_len=128",
                  "data.seq_len=128", "run.max_steps=30", "optim.decay_steps=30", "monitor.spectral_interval=10",
@@ -126,3 +131,25 @@ def test_fp8_scaling_state_resumes(tiny_overrides):
     assert sorted(b) == list(range(1, 21))
     for step in range(11, 21):
         assert abs(a[step] - b[step]) <= 1e-3 * abs(a[step]), (step, a[step], b[step])
+
+
+def test_resume_in_a_new_process_is_bit_exact_with_autotuned_tiles(tiny_overrides, tmp_path):
+    """A run cut at step 4 and resumed in a new process trains on the tiles the first process autotuned (installed
+    from the checkpoint, not timed again: the tile is part of the numerics) and reproduces the uninterrupted run's
+    losses bit for bit. Three processes, so that no choice is remembered in memory between the legs."""
+    common = tiny_overrides + GPU_OVERRIDES + ["run.max_steps=8", "optim.decay_steps=8", "monitor.spectral_interval=0",
+                                               "monitor.probe_interval=0", "eval.interval=0"]
+
+    def run(*extra):
+        done = subprocess.run([sys.executable, "-m", "launcher.pretrain", "smoke", *common, *extra, "--arm", "fixed",
+                               "--no-report"], cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("run.experiment=straight")
+    run("run.experiment=cut", "run.max_steps=4")
+    assert "recorded attention-kernel tile choice(s)" in run("run.experiment=cut")
+    a = scalars(tmp_path / "runs" / "straight" / "fixed", "train/loss")
+    b = scalars(tmp_path / "runs" / "cut" / "fixed", "train/loss")
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    assert a == b
