@@ -1,6 +1,7 @@
 """The trainer on a CUDA GPU: both arms with the Triton kernel under BF16 autocast, and FP8 FFNs through TE."""
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -134,11 +135,12 @@ def test_fp8_scaling_state_resumes(tiny_overrides):
 
 
 def test_resume_in_a_new_process_is_bit_exact_with_autotuned_tiles(tiny_overrides, tmp_path):
-    """A run cut at step 4 and resumed in a new process trains on the tiles the first process autotuned (installed
-    from the checkpoint, not timed again: the tile is part of the numerics) and reproduces the uninterrupted run's
-    losses bit for bit. Three processes, so that no choice is remembered in memory between the legs."""
+    """A checkpoint of step 4, resumed in a new process, trains steps 5-8 on the tiles the first process autotuned
+    (installed from the checkpoint, not timed again: the tile is part of the numerics) and reproduces that process's
+    own steps 5-8 bit for bit. (Two processes that each tune from scratch may choose differently, so the reference is
+    the process that wrote the checkpoint.)"""
     common = tiny_overrides + GPU_OVERRIDES + ["run.max_steps=8", "optim.decay_steps=8", "monitor.spectral_interval=0",
-                                               "monitor.probe_interval=0", "eval.interval=0"]
+                                               "monitor.probe_interval=0", "eval.interval=0", "checkpoint.interval=4"]
 
     def run(*extra):
         done = subprocess.run([sys.executable, "-m", "launcher.pretrain", "smoke", *common, *extra, "--arm", "fixed",
@@ -146,10 +148,13 @@ def test_resume_in_a_new_process_is_bit_exact_with_autotuned_tiles(tiny_override
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    run("run.experiment=straight")
-    run("run.experiment=cut", "run.max_steps=4")
-    assert "recorded attention-kernel tile choice(s)" in run("run.experiment=cut")
-    a = scalars(tmp_path / "runs" / "straight" / "fixed", "train/loss")
-    b = scalars(tmp_path / "runs" / "cut" / "fixed", "train/loss")
-    assert sorted(a) == sorted(b) == list(range(1, 9))
-    assert a == b
+    run("run.experiment=full")
+    full = tmp_path / "runs" / "full" / "fixed"
+    step4 = full / "checkpoints" / "step_00000004"
+    assert read_whole_checkpoint(step4)["kernel_tuning"]["choices"]  # the first process's choices are in it
+    resumed = tmp_path / "runs" / "resumed" / "fixed"
+    shutil.copytree(step4, resumed / "checkpoints" / step4.name)
+    assert "recorded attention-kernel tile choice(s)" in run("run.experiment=resumed")
+    a, b = scalars(full, "train/loss"), scalars(resumed, "train/loss")
+    assert sorted(b) == [5, 6, 7, 8]
+    assert {step: a[step] for step in b} == b
