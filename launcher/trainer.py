@@ -188,7 +188,7 @@ class Trainer:
             dist.barrier()
         run = self.store.run_state(latest) if latest is not None else None
         self.switch: Optional[on_warning.Switch] = None  # an early warning's switch of attention.fix, if any
-        self.tuning_note = ""  # what resuming did with the checkpoint's attention-kernel tiles
+        tuning_note = ""  # what resuming did with the checkpoint's attention-kernel tiles
         if run is not None:  # a switch made before this checkpoint still holds (launcher/on_warning.py)
             config, self.switch = on_warning.resume_switch(config, run)
             self.config = config
@@ -216,7 +216,7 @@ class Trainer:
             set_rng_state(read[rng])
             self.start_step = run["step"]
             # before the first launch: the tiles the run was autotuned to are part of its numerics
-            self.tuning_note = kernels.install_tuning(run.get("kernel_tuning"))
+            tuning_note = kernels.install_tuning(run.get("kernel_tuning"))
 
         self.autocast = autocast_factory(config, dims.device)
         logging = dims.is_logging_rank
@@ -232,8 +232,8 @@ class Trainer:
             if self.metrics_note:
                 self.metrics.print(f"settings changed from step {self.start_step} (recorded in "
                                    f"{self.run_dir / 'changes.yaml'}): {self.metrics_note}")
-            if self.tuning_note:
-                self.metrics.print(self.tuning_note)
+            if tuning_note:
+                self.metrics.print(tuning_note)
         else:
             self.metrics.text("config", "```\n" + yaml.safe_dump(config.to_dict(), sort_keys=False) + "\n```")
         self.monitors = self._build_monitors(latest, saved)
