@@ -1094,7 +1094,7 @@ def tuning_record() -> dict:
     the GPU they were timed on. The tile decides which running maximum P is rounded against, so the choice is part of
     a run's numerics: a checkpoint keeps it and a resumed process installs it (``install_tuning``) instead of timing
     the candidates again, perhaps to another answer."""
-    return {"device": _device_name(), "triton": triton.__version__,
+    return {"device": _device_name(),
             "choices": {name: [[_encode_key(key), dict(cfg)] for key, cfg in kernel.chosen.items()]
                         for name, kernel in TUNED.items() if kernel.chosen}}
 

@@ -79,7 +79,7 @@ def test_kernels_module_level_calls_do_nothing_without_a_gpu(monkeypatch):
 
 
 def test_a_checkpoint_keeps_the_record_and_a_resume_installs_it(tiny_overrides, monkeypatch, capsys):
-    record = {"device": "NVIDIA H200", "triton": "3.6.0",
+    record = {"device": "NVIDIA H200",
               "choices": {"forward": [[["fwd", 64, 64, True, True, 0, 0, "dtype:bfloat16", False, False],
                                        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]]}}
     monkeypatch.setattr(kernels, "tuning_record", lambda: record)  # as a GPU process would have it
