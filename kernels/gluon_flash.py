@@ -61,6 +61,13 @@ FWD_PRODUCER_REGS = 24
 # letting the warp schedulers interleave them (device call 4, docs/attention-kernel.md), so off.
 FWD_PINGPONG = False
 FWD_PERSISTENT = 1  # programs per SM of the persistent forward (0: one program per tile)
+# The persistent forward's programs take their next tile from a global counter as they finish (dynamic) instead of
+# every programs-th tile (static): the causal tiles differ in length, and a fixed share leaves programs idle at the
+# end (a model of the schedule, cost = key tiles + 1 per tile: 6% at (4,16,4096,128), 12% at (8,12,1024,64)).
+FWD_DYNAMIC = True
+# Tiles run in sections of heads whose K and V fit this many bytes of L2 (FA3's L2 swizzle), heaviest query block
+# first within a section; 0: one section of every head
+FWD_L2_SECTION_BYTES = 32 << 20
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
@@ -70,13 +77,20 @@ MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 
 
 
 @gluon.jit
-def _fwd_tile(t, BH, H, GROUP, T, n_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
     """The work of tile t of the persistent schedule: (b, h, k/v head, first query row, key tiles left of the
-    diagonal (unmasked), key tiles in all). The query blocks run from the last (the heaviest causal one) to the
-    first, each over every (batch, head): with programs taking every programs-th tile, each gets a mix of long and
-    short ones (ordering heads first, for L2 reuse of K and V, made the 1,024-token forward 1.5x slower, call 3)."""
-    bh = t % BH
-    start_m = (n_m - 1 - t // BH) * BLOCK_M
+    diagonal (unmasked), key tiles in all). The (batch, head) pairs come in sections of SECTION (the last one may
+    be smaller); within a section the query blocks run from the last (the heaviest causal one) to the first, each
+    over the section's heads, so that the tiles running at once share the K and V of a few heads in L2 (ordering
+    every head's query blocks together instead left programs of the static schedule with unequal work and made
+    the 1,024-token forward 1.5x slower, 2026-12-02 call 3)."""
+    per_section = SECTION * n_m
+    section = t // per_section
+    width = gl.minimum(SECTION, BH - section * SECTION)
+    r = t - section * per_section
+    bh = section * SECTION + r % width
+    start_m = (n_m - 1 - r // width) * BLOCK_M
     b = bh // H
     h = bh % H
     if CAUSAL:
@@ -89,19 +103,39 @@ def _fwd_tile(t, BH, H, GROUP, T, n_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _put_tile(slot, t, layout: gl.constexpr):
+    """Write tile index t into a 1-element shared-memory slot (the producer's message to a consumer)."""
+    slot.store(gl.full([1], t, gl.int32, layout))
+
+
+@gluon.jit
+def _get_tile(slot, layout: gl.constexpr):
+    return gl.max(slot.load(layout), 0)
+
+
+@gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                  BH, H, GROUP, T, n_m, n_work, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr):
+                  tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr):
     """1 warp: for each tile of this CTA, Q's two 64-row halves (once their consumer released the last ones), then
     the tile's K and V tiles into the ring. K and V have their own release barriers (count 2: both consumers): a K
-    stage is free once its Q K^T products ran, a step before its V stage, so K loads run further ahead."""
+    stage is free once its Q K^T products ran, a step before its V stage, so K loads run further ahead.
+    DYNAMIC: the first tile is the program's index, each next one is taken from TILE_COUNTER once this tile's last
+    K/V load is issued (a few tiles before the consumers finish it); its index goes to each consumer in a shared
+    slot with Q's ready barrier, and an index past the last tile (with a plain arrive) tells them to stop."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
+    one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     kv_it = 0  # K/V tiles loaded so far: its stage and phase in the ring
     tile_it = 0
-    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, 2 * HALF, BLOCK_N, CAUSAL)
+    t = gl.program_id(0)
+    while t < n_work:
+        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
+                                                           CAUSAL)
         for c in gl.static_range(2):
             mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)  # a fresh barrier counts as released
+            if DYNAMIC:
+                _put_tile(tile_slots.index(c), t, one_warp)
+                _barrier()  # every lane's store precedes the elected lane's arrive (its release)
             mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(c), q_smem.index(c))
         for j in range(n_tiles):
@@ -114,6 +148,16 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_emp
             _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
             kv_it += 1
         tile_it += 1
+        if DYNAMIC:
+            t = gl.atomic_add(TILE_COUNTER, 1) + gl.num_programs(0)
+        else:
+            t += gl.num_programs(0)
+    if DYNAMIC:
+        for c in gl.static_range(2):
+            mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)
+            _put_tile(tile_slots.index(c), t, one_warp)
+            _barrier()
+            mbarrier.arrive(q_ready.index(c), count=1)
 
 
 @gluon.jit
@@ -189,13 +233,15 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
 
 
 @gluon.jit
-def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, O, O32, LSE, KEYS,
-                  stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale,
-                  HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr, PINGPONG: gl.constexpr):
+def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, tile_slots, O,
+                  O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
+                  exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
-    FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile."""
+    FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile. DYNAMIC: the
+    tile's index comes from the producer's slot once Q is ready (``_fwd_producer``)."""
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -206,16 +252,24 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_em
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     q = q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM])
+    four_warps: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     kv_it = 0
     ti = 0
     tile_it = 0
-    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, 2 * HALF, BLOCK_N, CAUSAL)
+    if DYNAMIC:
+        mbarrier.wait(q_ready.index(HALF_INDEX), 0)
+        t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
+    else:
+        t = gl.program_id(0)
+    while t < n_work:
+        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
+                                                           CAUSAL)
         rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
-        mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
+        if not DYNAMIC:
+            mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
 
         # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
         stage = kv_it % STAGES
@@ -270,15 +324,22 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_em
             gl.store(O32 + o_off, o, mask=row_ok)
         lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
         gl.store(LSE + bh * T + rows, lse, mask=rows < T)
+        if DYNAMIC:
+            mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
+            t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
+        else:
+            t += gl.num_programs(0)
 
 
 @gluon.jit
-def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, H, GROUP, T, BH,
-                head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr, PINGPONG: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    """Persistent: program i takes tiles i, i + programs, ... of the (query block, batch x head) schedule
-    (``_fwd_tile``); a grid of one program per tile is the plain launch."""
+def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_ob, stride_oh, stride_ot, H, GROUP,
+                T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
+                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                PRODUCER_REGS: gl.constexpr):
+    """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
+    then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
+    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_M: gl.constexpr = 2 * HALF
     dtype: gl.constexpr = q_desc.dtype
@@ -290,6 +351,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_slots = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -308,14 +370,17 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, stride_ob, stride_oh,
     # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
     # into tensors)
     gl.warp_specialize([
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, O, O32, LSE, KEYS,
-                         stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale, 0,
-                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32, PINGPONG)),
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, O, O32, LSE, KEYS,
-                         stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, head_offset, exp_scale, 1,
-                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32, PINGPONG)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
+                         tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work,
+                         SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32,
+                         PINGPONG, DYNAMIC)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
+                         tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work,
+                         SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32,
+                         PINGPONG, DYNAMIC)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
-                         v_empty, BH, H, GROUP, T, n_m, n_work, BLOCK_N, STAGES, CAUSAL)),
+                         v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
+                         CAUSAL, DYNAMIC)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -328,6 +393,8 @@ BWD_BLOCK_M = {64: 64, 128: 64}  # query rows per step, per head_dim
 # (2026-12-02, call 4): 4% faster with ordered dQ, 3% slower with atomics; with atomics the machine code shows why:
 # ptxas serialises every product of the loop (its message C7518: the share's add is a branch inside the pipeline).
 BWD_OVERLAP_DQ = {(64, True): True, (64, False): False, (128, True): False, (128, False): False}
+# Issue dQ's product before dK's and add its share while dK's runs (where OVERLAP_DQ is off)
+BWD_DQ_UNDER_DK = True
 BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4 bytes is a multiple of 16)
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
@@ -366,11 +433,13 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                  stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
                  m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr, ROWS_TMA: gl.constexpr):
+                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr, ROWS_TMA: gl.constexpr,
+                 DQ_UNDER_DK: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
     share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added while
-    the next tile's S^T and dP^T products run (one more register tile held across the loop)."""
+    the next tile's S^T and dP^T products run (one more register tile held across the loop). DQ_UNDER_DK (not with
+    OVERLAP_DQ): dQ's product is issued before dK's and its share added while dK's runs."""
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -432,18 +501,28 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
         ds_smem.store(dst)
         fence_async_shared()
         _barrier()  # both warpgroups' halves of dS^T are in shared memory before dQ's product reads them
-        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
-                               use_acc=False, is_async=True)
-        dv, dk, dq_share = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
-        mbarrier.arrive(qdo_empty.index(stage), count=1)
-        if OVERLAP_DQ:
-            dq_prev = dq_share
-            bh_prev = bh
-            m_prev = m_idx
-        else:
+        if DQ_UNDER_DK:  # dQ's product first: its share is added while dK's product still runs
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                                   gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout), use_acc=False, is_async=True)
+            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
+            dv, dq_share = warpgroup_mma_wait(1, deps=(dv, dq_tok))
             _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM,
                         CAUSAL, DETERMINISTIC, dq_layout)
+            dk = warpgroup_mma_wait(0, deps=(dk,))
+            mbarrier.arrive(qdo_empty.index(stage), count=1)
+        else:
+            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                                   gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout), use_acc=False, is_async=True)
+            dv, dk, dq_share = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
+            mbarrier.arrive(qdo_empty.index(stage), count=1)
+            if OVERLAP_DQ:
+                dq_prev = dq_share
+                bh_prev = bh
+                m_prev = m_idx
+            else:
+                _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
+                            HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
     if OVERLAP_DQ:
         if GROUP * n_m > 0:
             _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
@@ -493,7 +572,7 @@ def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, B
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
                 DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, OVERLAP_DQ: gl.constexpr,
-                ROWS_TMA: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
@@ -544,7 +623,7 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
         (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty,
                         LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
                         start_n, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA)),
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA, DQ_UNDER_DK)),
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
@@ -628,6 +707,17 @@ def _new(shape, dtype, device, fill: float | None = None) -> torch.Tensor:
     return torch.full(shape, fill, dtype=dtype, device=device)
 
 
+def _heads_per_section(q: torch.Tensor, k: torch.Tensor) -> int:
+    """The forward's section width (``_fwd_tile``): as many (batch, head) pairs as share K and V that fit
+    FWD_L2_SECTION_BYTES (query heads of one k/v head share its tiles), at least one; every head when 0."""
+    bsz, heads, seq, dim = q.shape
+    pairs = bsz * heads
+    if not FWD_L2_SECTION_BYTES:
+        return pairs
+    kv_bytes = 2 * seq * dim * k.element_size()  # K and V of one k/v head
+    return max(1, min(pairs, FWD_L2_SECTION_BYTES * (heads // k.shape[1]) // kv_bytes))
+
+
 def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_keys=None, fill: float | None = None):
     """(O like q, LSE (B, H, T) FP32, the FP32 O where the mode keeps it, else an empty tensor); every tensor
     last-dim contiguous and ``unsupported`` None. Same contract as kernels.triton_flash's forward."""
@@ -637,12 +727,15 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     half = FWD_BLOCK_M // 2
     work = triton.cdiv(seq, FWD_BLOCK_M) * bsz * heads
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
+    dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
     _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
-                      out, o32, lse, keys, out.stride(0), out.stride(1), out.stride(2), heads, heads // k.shape[1],
-                      seq, bsz * heads, int(head_offset), nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim,
-                      STAGES=FWD_STAGES[dim], CAUSAL=bool(causal), FIX=nm.fix, STORE_O32=nm.keeps_fp32_output,
-                      PINGPONG=FWD_PINGPONG, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
-                      num_warps=4, maxnreg=MAXNREG)
+                      out, o32, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
+                      heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
+                      nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
+                      FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
+                      CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4,
+                      maxnreg=MAXNREG)
     return out, lse, o32
 
 
@@ -662,6 +755,7 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
     lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
     rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
+    overlap = BWD_OVERLAP_DQ[dim, bool(deterministic)]
     if not rows_tma:
         lse_arg, delta_arg = lse, delta
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
@@ -669,7 +763,7 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
                       dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                       heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, CAUSAL=bool(causal),
                       DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES,
-                      OVERLAP_DQ=BWD_OVERLAP_DQ[dim, bool(deterministic)], ROWS_TMA=rows_tma,
+                      OVERLAP_DQ=overlap, ROWS_TMA=rows_tma, DQ_UNDER_DK=BWD_DQ_UNDER_DK and not overlap,
                       PRODUCER_REGS=BWD_PRODUCER_REGS, num_warps=8, maxnreg=MAXNREG)
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv

@@ -70,12 +70,13 @@ def configurations(quick: bool = False):
         o32 = torch.empty(b, h, t, dim)
         lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
         keys = torch.zeros(b, dtype=torch.int64)
+        counter = torch.zeros(1, dtype=torch.int32)
         for fix, store_o32 in ((0, False), (3, True), (4, False)):  # none, fp32_output, stochastic_output
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
-                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, *o.stride()[:3], h, 1, t, b * h, 0,
-                    0.18)
+                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, counter, *o.stride()[:3], h, 1, t,
+                    b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=gf.FWD_DYNAMIC,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
@@ -85,12 +86,14 @@ def configurations(quick: bool = False):
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         for deterministic in (True, False):
+            overlap = gf.BWD_OVERLAP_DQ[dim, deterministic]
             args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
                     gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m), dq32, sem,
                     dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
             kwargs = dict(CAUSAL=True, DETERMINISTIC=deterministic, STAGES=gf.BWD_STAGES,
-                          OVERLAP_DQ=gf.BWD_OVERLAP_DQ[dim, deterministic], ROWS_TMA=True, PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
+                          OVERLAP_DQ=overlap, ROWS_TMA=True, DQ_UNDER_DK=gf.BWD_DQ_UNDER_DK and not overlap,
+                          PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
                           num_warps=8, maxnreg=gf.MAXNREG)
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
                         kwargs))

@@ -83,6 +83,34 @@ def test_ordered_dq_is_bit_reproducible_and_atomics_agree(head_dim, seed):
     assert rel_err(atomic[0], first[0]) < torch.finfo(torch.bfloat16).eps, f"seed={seed}"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_forward_is_the_same_under_every_tile_schedule(head_dim, monkeypatch, seed):
+    """The persistent forward's schedule (which program runs which tile, in what order) changes no bit: the
+    static share, the dynamic counter over every head, and sections of a few heads (the last one smaller) give
+    the same O, LSE and FP32 O. More tiles than programs (so that the counter is used), ragged, grouped heads."""
+    from kernels import gluon_flash
+
+    q, k, v, _ = model_layout(3, 6, 2, 2048 + 37, head_dim)  # 17 query blocks x 18 heads = 306 tiles
+    settings = AttentionSettings(backend="gluon", fix="fp32_output")
+    nm = gluon_flash.prepare(q, k, v, settings)
+    kv_bytes = 2 * q.shape[2] * head_dim * 2
+
+    def run(dynamic, section_bytes):
+        monkeypatch.setattr(gluon_flash, "FWD_DYNAMIC", dynamic)
+        monkeypatch.setattr(gluon_flash, "FWD_L2_SECTION_BYTES", section_bytes)
+        return gluon_flash.forward(q, k, v, settings, nm)[:3]
+
+    static = run(False, 0)
+    assert gluon_flash._programs(q.device, gluon_flash.FWD_PERSISTENT) < 306, "the counter would not be used"
+    for dynamic, section_bytes in ((True, 0), (True, kv_bytes * 4 // 3), (False, kv_bytes * 4 // 3)):
+        monkeypatch.setattr(gluon_flash, "FWD_L2_SECTION_BYTES", section_bytes)
+        assert gluon_flash._heads_per_section(q, k) == (4 if section_bytes else 18)
+        got = run(dynamic, section_bytes)
+        assert all(torch.equal(a, b) for a, b in zip(got, static)), f"seed={seed} {dynamic} {section_bytes}"
+    ref = kernels.reference_attention(q, k, v, True, "fa2", "fp32_output", block_n=128)
+    assert rel_err(static[0], ref) < torch.finfo(torch.bfloat16).eps / 2, f"seed={seed}"
+
+
 def test_delta_stress_and_fp32_output_through_gluon(seed):
     """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
     delta, so its gradients are fp32_output's bit for bit; gain 1 with random signs is a finite run."""
