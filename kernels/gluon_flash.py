@@ -66,8 +66,9 @@ FWD_PERSISTENT = 1  # programs per SM of the persistent forward (0: one program 
 # end (a model of the schedule, cost = key tiles + 1 per tile: 6% at (4,16,4096,128), 12% at (8,12,1024,64)).
 FWD_DYNAMIC = True
 # Tiles run in sections of heads whose K and V fit this many bytes of L2 (FA3's L2 swizzle), heaviest query block
-# first within a section; 0: one section of every head
-FWD_L2_SECTION_BYTES = 32 << 20
+# first within a section; 0: one section of every head. With both, the forward at (4,16,4096,128) took 576 us
+# against 669 for the static share over every head (16 MiB; 32 MiB: 586; device run 2026-12-04-sched, call 1).
+FWD_L2_SECTION_BYTES = 16 << 20
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
@@ -393,7 +394,8 @@ BWD_BLOCK_M = {64: 64, 128: 64}  # query rows per step, per head_dim
 # (2026-12-02, call 4): 4% faster with ordered dQ, 3% slower with atomics; with atomics the machine code shows why:
 # ptxas serialises every product of the loop (its message C7518: the share's add is a branch inside the pipeline).
 BWD_OVERLAP_DQ = {(64, True): True, (64, False): False, (128, True): False, (128, False): False}
-# Issue dQ's product before dK's and add its share while dK's runs (where OVERLAP_DQ is off)
+# Issue dQ's product before dK's and add its share while dK's runs (where OVERLAP_DQ is off): fwd+bwd 2-3.5%
+# faster with atomics, 0-2.4% with ordered dQ (device run 2026-12-04-sched, call 1)
 BWD_DQ_UNDER_DK = True
 BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4 bytes is a multiple of 16)
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)

@@ -98,7 +98,9 @@ VARIANTS = {  # name -> kernels.gluon_flash attributes set while timing (the def
     "gluon before": {"FWD_DYNAMIC": False, "FWD_L2_SECTION_BYTES": 0, "BWD_DQ_UNDER_DK": False},  # 2026-12-03's
     "gluon dynamic-all-heads": {"FWD_L2_SECTION_BYTES": 0},
     "gluon static-sections": {"FWD_DYNAMIC": False},
-    "gluon sections-16MB": {"FWD_L2_SECTION_BYTES": 16 << 20},
+    "gluon sections-16MB": {"FWD_L2_SECTION_BYTES": 16 << 20},  # (call 2: the default; call 1's default 32 MiB)
+    "gluon sections-32MB": {"FWD_L2_SECTION_BYTES": 32 << 20},  # call 2
+    "gluon sections-8MB": {"FWD_L2_SECTION_BYTES": 8 << 20},  # call 2
     "gluon dk-then-dq": {"BWD_DQ_UNDER_DK": False},
 }
 
