@@ -10,6 +10,7 @@ $P --collect-only tests/gpu/test_attention_gpu.py 2>/dev/null | grep :: > /tmp/a
 awk 'NR % 2 == 1' /tmp/attention_ids.txt > /tmp/attention_a.txt
 awk 'NR % 2 == 0' /tmp/attention_ids.txt > /tmp/attention_b.txt
 echo "attention tests: $(wc -l < /tmp/attention_a.txt) + $(wc -l < /tmp/attention_b.txt)"
+set -f  # test ids contain brackets: no globbing
 T=${TIER_LIMIT:-480}
 timeout $T $P tests/gpu/test_attention_gluon_gpu.py > $OUT/tier_gluon.log 2>&1 &
 timeout $T $P $(cat /tmp/attention_a.txt) > $OUT/tier_attention_a.log 2>&1 &
