@@ -4,9 +4,10 @@ Gluon (``triton.experimental.gluon``) is Triton's tile-level language: layouts, 
 asynchronous ``wgmma`` and warp specialisation are written out instead of left to the compiler. This file uses
 them the way FA3 does on Hopper (Shah et al., "FlashAttention-3", arXiv 2407.08608):
 
-- forward: one CTA per 128 query rows of one head. A 1-warp producer partition streams K and V tiles by TMA
-  through a ring of shared-memory stages; two 4-warp consumer warpgroups own 64 query rows each and take the
-  stages in turn. Inside a consumer the next tile's Q K^T is issued before this tile's softmax (FA3's order); in
+- forward: persistent, one CTA per SM, each taking tiles of 128 query rows of one head from a global counter as it
+  finishes one (heaviest causal blocks first, in sections of heads whose K and V fit in L2). A 1-warp producer
+  partition streams K and V tiles by TMA through a ring of shared-memory stages; two 4-warp consumer warpgroups own
+  64 query rows each and take the stages in turn. Inside a consumer the next tile's Q K^T is issued before this tile's softmax (FA3's order); in
   the machine code ptxas waits for the running PV product before the softmax's exponentials, so the softmax
   overlaps the other warpgroup's products, not its own (holding the wait back was measured no faster:
   docs/attention-kernel.md, Speed);

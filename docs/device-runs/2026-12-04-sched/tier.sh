@@ -18,4 +18,5 @@ timeout $T $P $(cat /tmp/attention_b.txt) > $OUT/tier_attention_b.log 2>&1 &
 timeout $T $P tests/gpu/test_train_gpu.py > $OUT/tier_train.log 2>&1 &
 timeout $T $P tests/gpu/test_plan_gpu.py tests/gpu/test_layouts_gpu.py > $OUT/tier_plan_layouts.log 2>&1 &
 wait
+set +f
 for f in $OUT/tier_*.log; do echo "== $(basename $f)"; grep -E "^(FAILED|ERROR|SKIPPED)" $f | head -12; tail -n 1 $f; done
