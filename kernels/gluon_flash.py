@@ -7,14 +7,14 @@ them the way FA3 does on Hopper (Shah et al., "FlashAttention-3", arXiv 2407.086
 - forward: persistent, one CTA per SM, each taking tiles of 128 query rows of one head from a global counter as it
   finishes one (heaviest causal blocks first, in sections of heads whose K and V fit in L2). A 1-warp producer
   partition streams K and V tiles by TMA through a ring of shared-memory stages; two 4-warp consumer warpgroups own
-  64 query rows each and take the stages in turn. Inside a consumer the next tile's Q K^T is issued before this tile's softmax (FA3's order); in
-  the machine code ptxas waits for the running PV product before the softmax's exponentials, so the softmax
-  overlaps the other warpgroup's products, not its own (holding the wait back was measured no faster:
-  docs/attention-kernel.md, Speed);
+  64 query rows each and take the stages in turn. Inside a consumer the next tile's Q K^T is issued before this
+  tile's softmax (FA3's order); in the machine code ptxas waits for the running PV product before the softmax's
+  exponentials, so the softmax overlaps the other warpgroup's products, not its own (holding the wait back was
+  measured no faster: docs/attention-kernel.md, Speed);
 - backward (``_bwd_kernel``): one CTA per key tile of one k/v head; K and V are loaded once, Q, dO (TMA) and
   LSE, delta stream past; 5 matrix products per tile pair, P^T and dS^T kept in registers as the A operand of
   dV and dK, dS^T staged in shared memory for dQ's share, which is added into an FP32 buffer with atomics, in a
-  fixed order per query tile (``deterministic``) or as tiles finish.
+  fixed order per query tile (``deterministic``) or as tiles finish, while dK's product of the tile still runs.
 
 Numerics are rounding=fa2's exactly as ``kernels.reference`` states them (FP32 scores, the maximum taken on the raw
 q.k, P_bar = exp2((q.k - m) * scale*log2(e)), bf16 P for the PV product, FP32 accumulator, one final rounding),

@@ -7,10 +7,10 @@ release that changes Gluon's API fails there rather than on a user's first GPU r
 instruction mix (wgmma, TMA copies, register reallocation, spills) before spending device time. Triton compiles to
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
-stochastic_output (the Triton kernel's hash helpers called from Gluon), backward with both dQ orders, head_dim 64 and
-128; ``--quick``: one configuration of each code path, what CI compiles) with its PTX instruction counts; exit status
-1 if one does not compile. For each forward it also reads the machine code (the wheel's ``nvdisasm``) and prints the
-fewest softmax exponentials that run while a tile's PV product is in flight (between the wait for Q K^T and the wait
+stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
+static schedule, backward with both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code
+path, what CI compiles) with its PTX instruction counts; exit status 1 if one does not compile. For each forward it
+also reads the machine code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight (between the wait for Q K^T and the wait
 for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax overlaps the product. Each
 line ends with ptxas's performance messages for that kernel (the wheel's ptxas run again with ``-v``), e.g. C7518
 when ptxas serialises the asynchronous products of a loop.
@@ -54,8 +54,8 @@ def compile_for_target(fn, args: tuple, kwargs: dict, target=None):
     return triton.compile(Source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
-QUICK = ("forward d128 fp32_output", "forward d64 stochastic_output", "backward d128 deterministic",
-         "backward d64 atomic dQ")
+QUICK = ("forward d128 fp32_output", "forward d64 stochastic_output", "forward d128 none static schedule",
+         "backward d128 deterministic", "backward d64 atomic dQ")
 
 
 def configurations(quick: bool = False):
@@ -71,16 +71,20 @@ def configurations(quick: bool = False):
         lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
         keys = torch.zeros(b, dtype=torch.int64)
         counter = torch.zeros(1, dtype=torch.int32)
-        for fix, store_o32 in ((0, False), (3, True), (4, False)):  # none, fp32_output, stochastic_output
+        # none, fp32_output, stochastic_output with the schedule a long sequence gets (the tile counter); fix none
+        # also with the static one (a launch with a program per tile: short sequences, small batches)
+        counted = gf.FWD_DYNAMIC
+        for fix, store_o32, dynamic in ((0, False, counted), (3, True, counted), (4, False, counted), (0, False, False)):
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=gf.FWD_DYNAMIC,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
-            out.append((f"forward d{dim} {fix_name}", gf._fwd_kernel, args, kwargs))
+            schedule = "" if dynamic == gf.FWD_DYNAMIC else (" dynamic" if dynamic else " static") + " schedule"
+            out.append((f"forward d{dim} {fix_name}{schedule}", gf._fwd_kernel, args, kwargs))
         block_m = gf.BWD_BLOCK_M[dim]
         dq32 = torch.empty(b, h, t, dim)
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)

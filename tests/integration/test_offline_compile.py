@@ -16,14 +16,17 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAILED"))]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert len(lines) == 4 and all(line.startswith("ok") for line in lines), proc.stdout
+    assert len(lines) == 5 and all(line.startswith("ok") for line in lines), proc.stdout
     for name in ("forward_d128_fp32_output", "backward_d128_deterministic"):
         ptx = (tmp_path / f"{name}.ptx").read_text()
         # what makes them Hopper kernels: asynchronous warpgroup MMAs, TMA copies, per-partition register budgets
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx, name
+    # the dynamic schedule takes tiles from the global counter, the static one does not
+    assert "atom.global" in (tmp_path / "forward_d128_fp32_output.ptx").read_text()
+    assert "atom.global" not in (tmp_path / "forward_d128_none_static_schedule.ptx").read_text()
     # the forwards' machine code was disassembled and read (the diagnostic line is there for every pipelined loop)
     forwards = [line for line in lines if line.split()[1:2] == ["forward"]]
-    assert len(forwards) == 2, lines
+    assert len(forwards) == 3, lines  # two with the tile counter, one with the static schedule
     for line in forwards:
         found = re.search(r"exponentials under a PV product: min (\d+) over (\d+) loops", line)
         assert found and int(found.group(2)) >= 2, line
