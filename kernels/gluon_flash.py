@@ -64,7 +64,8 @@ FWD_PINGPONG = False
 FWD_PERSISTENT = 1  # programs per SM of the persistent forward (0: one program per tile)
 # The persistent forward's programs take their next tile from a global counter as they finish (dynamic) instead of
 # every programs-th tile (static): the causal tiles differ in length, and a fixed share leaves programs idle at the
-# end (a model of the schedule, cost = key tiles + 1 per tile: 6% at (4,16,4096,128), 12% at (8,12,1024,64)).
+# end (`python -m benchmarks.forward_schedule`, a model: the busiest program 6-12.5% above the mean at the benchmark
+# shapes with the fixed share, 0.2-3% with the counter).
 FWD_DYNAMIC = True
 # Tiles run in sections of heads whose K and V fit this many bytes of L2 (FA3's L2 swizzle), heaviest query block
 # first within a section; 0: one section of every head. With both, the forward at (4,16,4096,128) took 576 us

@@ -63,3 +63,20 @@ def test_train_speed_te_baseline_says_it_needs_a_gpu(capsys):
     code = train_speed.main(["smoke", "model.vocab_size=512", "--baselines", "te", "--steps", "2", "--skip", "1"])
     assert code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_forward_schedule_model():
+    """The Gluon forward's schedule model (benchmarks.forward_schedule): its tile order visits every (query block,
+    head) once, ragged last section included; the counter never leaves the busiest program worse off than the
+    fixed share at the benchmark shapes; a bad shape is a message and exit status 2."""
+    from benchmarks import forward_schedule as fs
+
+    order = fs.tile_order(pairs=18, n_m=5, section=4)  # sections of 4, 4, 4, 4, 2 pairs
+    assert sorted(order) == [(m, p) for m in range(5) for p in range(18)]
+    assert [m for m, _ in order[:4]] == [4] * 4 and order[-1] == (0, 17)
+    for b, h, t, d in ((8, 12, 1024, 64), (4, 16, 4096, 128)):
+        width = fs.section_width(b, h, t, d)
+        assert 1 <= width <= b * h
+        order = fs.tile_order(b * h, t // 128, width)
+        assert fs.busiest_over_mean(order, 132, dynamic=True) <= fs.busiest_over_mean(order, 132, dynamic=False)
+    assert fs.main(["--shapes", "4,16"]) == 2
