@@ -4,8 +4,8 @@
         [--backends triton gluon auto] [--out FILE.md]
 
 Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
-``triton.testing.do_bench`` (eager: host overhead included) and of ``do_bench_cudagraph`` (the same fwd+bwd replayed
-as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before timing, each mode's
+``triton.testing.do_bench`` (eager: host overhead included) and of ``do_bench_cudagraph`` (the same forward, and
+fwd+bwd, replayed as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before timing, each mode's
 output and gradients (with the autotuned configurations) are checked against SDPA (relative error of a bf16 kernel,
 2e-2 allowed for paper rounding). The Triton kernels are autotuned on the first call of every shape; the Gluon
 kernel (``--backends gluon``: by name, fixed tiles) takes the modes it implements and hands the others to the Triton
@@ -78,7 +78,9 @@ def sdpa_fn(backend):
 
 
 def measure(fn, q, k, v, d_out, rep_ms):
-    """(fwd ms, eager fwd+bwd ms, fwd+bwd ms replayed as a CUDA graph) of fn, on fresh leaf copies of q, k, v: an
+    """(eager fwd ms, fwd ms replayed as a CUDA graph, eager fwd+bwd ms, fwd+bwd ms as a CUDA graph) of fn (the eager
+    forward of a kernel launched through Triton's JIT entry point is mostly host time at these sizes: the Gluon
+    kernel's measured 0.2-0.4 ms per fwd+bwd, docs/attention-kernel.md), on fresh leaf copies of q, k, v: an
     autograd node left over from an earlier timing (its AccumulateGrad on the default stream) broke the capture of
     the next one at (4,16,4096,128) on the H200 (device runs of 2026-12-02)."""
     import triton
@@ -100,8 +102,9 @@ def measure(fn, q, k, v, d_out, rep_ms):
     fwd()
     torch.cuda.synchronize()
     graph_ms = triton.testing.do_bench_cudagraph(grads, rep=rep_ms, return_mode="median")  # before any .grad exists
+    fwd_graph_ms = triton.testing.do_bench_cudagraph(fwd, rep=rep_ms, return_mode="median")
     fwd_bwd()
-    return bench(fwd, rep_ms), bench(fwd_bwd, rep_ms), graph_ms
+    return bench(fwd, rep_ms), fwd_graph_ms, bench(fwd_bwd, rep_ms), graph_ms
 
 
 def breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic: bool = True):
@@ -208,36 +211,42 @@ def run(shapes, modes, rep_ms, log, atomic_dq: bool = False, backends=("triton",
                                  "not timing")
             err = max(err, gerr)
             results[mode] = measure(fn, q, k, v, d_out, rep_ms)
-            log(f"{shape} {mode}: fwd {results[mode][0]:.3f} ms, fwd+bwd {results[mode][1]:.3f} ms (eager), "
-                f"{results[mode][2]:.3f} ms (GPU), rel err vs SDPA "
+            t_fwd, t_fwd_gpu, t_all, t_gpu = results[mode]
+            log(f"{shape} {mode}: fwd {t_fwd:.3f} ms (eager), {t_fwd_gpu:.3f} ms (GPU), fwd+bwd {t_all:.3f} ms "
+                f"(eager), {t_gpu:.3f} ms (GPU), rel err vs SDPA "
                 f"(O and grads) {err:.1e} ({time.time() - t0:.0f} s with tuning)")
         if "fa2/none" in modes:
             breakdown(q, k, v, d_out, rep_ms, log, shape)
             if atomic_dq:
                 breakdown(q, k, v, d_out, rep_ms, log, shape, deterministic=False)
-        for name, (t_fwd, t_all, t_gpu) in results.items():
-            rows.append((shape, name, f_fwd / t_fwd / 1e9, f_all / t_all / 1e9, f_all / t_gpu / 1e9))
+        for name, times in results.items():
+            rows.append((shape, name, *(f / t / 1e9 for f, t in zip((f_fwd, f_fwd, f_all, f_all), times))))
         del q, k, v, d_out
         torch.cuda.empty_cache()
     return rows
 
 
 def to_markdown(rows, device: str) -> str:
+    """The table of ``run``'s rows (shape, name, then TFLOP/s of: the eager forward, the forward's GPU time, eager
+    fwd+bwd, fwd+bwd GPU time); every ratio is of GPU times."""
     by_shape = {}
-    for shape, name, tf_fwd, tf_all, tf_gpu in rows:
-        by_shape.setdefault(shape, {})[name] = (tf_fwd, tf_all, tf_gpu)
-    lines = [f"Attention benchmark on {device}, torch {torch.__version__}, causal bf16 (TFLOP/s; ratios of the "
-             "fwd+bwd GPU times).", "", "| B,H,T,D | impl | fwd TFLOP/s | fwd+bwd TFLOP/s eager | fwd+bwd TFLOP/s GPU "
-             "| / SDPA flash | / SDPA cuDNN | / same rounding, fix=none |", "|---|---|---|---|---|---|---|---|"]
+    for shape, name, *rates in rows:
+        by_shape.setdefault(shape, {})[name] = rates
+    lines = [f"Attention benchmark on {device}, torch {torch.__version__}, causal bf16 (TFLOP/s; ratios of the GPU "
+             "times).", "", "| B,H,T,D | impl | fwd TFLOP/s eager | fwd TFLOP/s GPU | fwd / SDPA cuDNN "
+             "| fwd+bwd TFLOP/s eager | fwd+bwd TFLOP/s GPU | / SDPA flash | / SDPA cuDNN | / same rounding, fix=none |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    none = (None,) * 4
     for shape, res in by_shape.items():
-        flash = res.get("sdpa-flash", (None,) * 3)[2]
-        cudnn = res.get("sdpa-cudnn", (None,) * 3)[2]
-        for name, (tf_fwd, tf_all, tf_gpu) in res.items():
-            ratio = lambda ref: f"{tf_gpu / ref:.2f}" if ref else "-"  # noqa: E731
+        cudnn_fwd, cudnn = res.get("sdpa-cudnn", none)[1], res.get("sdpa-cudnn", none)[3]
+        flash = res.get("sdpa-flash", none)[3]
+        for name, (tf_fwd, tf_fwd_gpu, tf_all, tf_gpu) in res.items():
+            ratio = lambda value, ref: f"{value / ref:.2f}" if ref else "-"  # noqa: E731
             suffix = ATOMIC if name.endswith(ATOMIC) else ""
-            base = res.get(name.split("/")[0] + "/none" + suffix, (None,) * 3)[2] if "/" in name else None
-            lines.append(f"| {','.join(map(str, shape))} | {name} | {tf_fwd:.0f} | {tf_all:.0f} | {tf_gpu:.0f} | "
-                         f"{ratio(flash)} | {ratio(cudnn)} | {ratio(base)} |")
+            base = res.get(name.split("/")[0] + "/none" + suffix, none)[3] if "/" in name else None
+            lines.append(f"| {','.join(map(str, shape))} | {name} | {tf_fwd:.0f} | {tf_fwd_gpu:.0f} | "
+                         f"{ratio(tf_fwd_gpu, cudnn_fwd)} | {tf_all:.0f} | {tf_gpu:.0f} | {ratio(tf_gpu, flash)} | "
+                         f"{ratio(tf_gpu, cudnn)} | {ratio(tf_gpu, base)} |")
     return "\n".join(lines) + "\n"
 
 

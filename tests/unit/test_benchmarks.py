@@ -80,3 +80,17 @@ def test_forward_schedule_model():
         order = fs.tile_order(b * h, t // 128, width)
         assert fs.busiest_over_mean(order, 132, dynamic=True) <= fs.busiest_over_mean(order, 132, dynamic=False)
     assert fs.main(["--shapes", "4,16"]) == 2
+
+
+def test_attention_table_ratios_are_of_gpu_times():
+    """benchmarks.attention's table: the forward's and fwd+bwd's ratios to SDPA come from the CUDA-graph (GPU)
+    columns, not the eager ones (rows made up here: the benchmark itself needs a GPU)."""
+    from benchmarks import attention
+
+    shape = (4, 16, 4096, 128)
+    rows = [(shape, "sdpa-flash", 100.0, 250.0, 90.0, 270.0), (shape, "sdpa-cudnn", 100.0, 500.0, 90.0, 450.0),
+            (shape, "fa2/none", 50.0, 400.0, 60.0, 300.0), (shape, "fa2/fp32_output", 50.0, 380.0, 60.0, 297.0)]
+    table = attention.to_markdown(rows, "a test device")
+    cells = {line.split(" | ")[1]: line.strip("| ").split(" | ") for line in table.splitlines() if "4,16,4096" in line}
+    assert cells["fa2/none"][2:] == ["50", "400", "0.80", "60", "300", "1.11", "0.67", "1.00"]
+    assert cells["fa2/fp32_output"][-1] == "0.99" and cells["sdpa-cudnn"][4] == "1.00"
