@@ -5,11 +5,11 @@
 
 Causal, bf16. TFLOP/s from FLOPs fwd = 2 * 2 * B H T^2 D / 2 and fwd+bwd = 3.5 x that; times are medians of
 ``triton.testing.do_bench`` (eager: host overhead included) and of ``do_bench_cudagraph`` (the same forward, and
-fwd+bwd, replayed as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before timing, each mode's
-output and gradients (with the autotuned configurations) are checked against SDPA (relative error of a bf16 kernel,
-2e-2 allowed for paper rounding). The Triton kernels are autotuned on the first call of every shape; the Gluon
-kernel (``--backends gluon``: by name, fixed tiles) takes the modes it implements and hands the others to the Triton
-kernel, saying so once.
+fwd+bwd, replayed as a CUDA graph: GPU time, the kernels' own speed); the ratios are of the GPU times. Before
+timing, each mode's output and gradients (with the autotuned configurations) are checked against SDPA (relative
+error of a bf16 kernel, 2e-2 allowed for paper rounding). The Triton kernels are autotuned on the first call of
+every shape; the Gluon kernel (``--backends gluon``: by name, fixed tiles) takes the modes it implements and hands
+the others to the Triton kernel, saying so once.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def sdpa_fn(backend):
 
 
 def measure(fn, q, k, v, d_out, rep_ms):
-    """(eager fwd ms, fwd ms replayed as a CUDA graph, eager fwd+bwd ms, fwd+bwd ms as a CUDA graph) of fn (the eager
-    forward of a kernel launched through Triton's JIT entry point is mostly host time at these sizes: the Gluon
-    kernel's measured 0.2-0.4 ms per fwd+bwd, docs/attention-kernel.md), on fresh leaf copies of q, k, v: an
+    """(eager fwd ms, fwd ms replayed as a CUDA graph, eager fwd+bwd ms, fwd+bwd ms as a CUDA graph) of fn (eager
+    times include the host's: the Gluon kernel's launch path through Triton's JIT entry point measured 0.2-0.4 ms
+    per fwd+bwd, docs/attention-kernel.md), on fresh leaf copies of q, k, v: an
     autograd node left over from an earlier timing (its AccumulateGrad on the default stream) broke the capture of
     the next one at (4,16,4096,128) on the H200 (device runs of 2026-12-02)."""
     import triton
@@ -234,7 +234,8 @@ def to_markdown(rows, device: str) -> str:
         by_shape.setdefault(shape, {})[name] = rates
     lines = [f"Attention benchmark on {device}, torch {torch.__version__}, causal bf16 (TFLOP/s; ratios of the GPU "
              "times).", "", "| B,H,T,D | impl | fwd TFLOP/s eager | fwd TFLOP/s GPU | fwd / SDPA cuDNN "
-             "| fwd+bwd TFLOP/s eager | fwd+bwd TFLOP/s GPU | / SDPA flash | / SDPA cuDNN | / same rounding, fix=none |",
+             "| fwd+bwd TFLOP/s eager | fwd+bwd TFLOP/s GPU | / SDPA flash | / SDPA cuDNN "
+             "| / same rounding, fix=none |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     none = (None,) * 4
     for shape, res in by_shape.items():

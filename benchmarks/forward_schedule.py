@@ -9,8 +9,8 @@ replays both on a model: a tile costs its key tiles + 1 (the epilogue and the Q 
 same speed, and nothing else (memory, L2) is modelled. It prints, per shape, the busiest program's work over the
 mean for the static and the dynamic schedule, over every head at once and in L2 sections (the kernel's section
 width for FWD_L2_SECTION_BYTES). It mirrors the tile order of ``kernels.gluon_flash._fwd_tile`` in Python (a Gluon
-function cannot run on a CPU); the measured effect of the same choices is in docs/attention-kernel.md (Speed, 2026-12-04).
-No GPU needed; 132 programs is an H100/H200 (one per SM).
+function cannot run on a CPU); the measured effect of the same choices is in docs/attention-kernel.md (Speed,
+2026-12-04). No GPU needed; 132 programs is an H100/H200 (one per SM).
 """
 
 from __future__ import annotations
