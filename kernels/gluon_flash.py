@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import torch
 import triton
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -48,6 +50,18 @@ from kernels.triton_flash import _row_hash, _sr_bf16
 # (3.6's thread_barrier, 3.7's barrier)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@builtin
+def _tma_reduce_add_op(tensor_desc, coord, src, _semantic=None):
+    """A TMA reduce-add of a shared-memory tile into global memory (``cp.reduce.async.bulk.tensor ... .add``).
+    Gluon names it ``tma.async_atomic_add`` from Triton 3.9 on; the operation it builds (``ttng.async_tma_reduce``)
+    and the builder call are already in 3.6-3.8, which this reaches directly."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_op
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -399,10 +413,16 @@ BWD_OVERLAP_DQ = {(64, True): True, (64, False): False, (128, True): False, (128
 # Issue dQ's product before dK's and add its share while dK's runs (where OVERLAP_DQ is off): fwd+bwd 2-3.5%
 # faster with atomics, 0-2.4% with ordered dQ (device run 2026-12-04-sched, call 1)
 BWD_DQ_UNDER_DK = True
+# dQ's shares go through a double buffer in shared memory to a 1-warp writer partition that adds each with one TMA
+# reduce-add (FA3's dQ writer), in the fixed order under the per-tile counter when deterministic; False: the compute
+# warps add them from registers (FP32 atomics, or plain loads and stores under the counter). A writer that added
+# from registers itself was 2-8% slower (2026-12-03, docs/attention-kernel.md): the reduce-add is one instruction.
+BWD_DQ_WRITER = True
 BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4 bytes is a multiple of 16)
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
 BWD_PRODUCER_REGS = 24
+BWD_WRITER_REGS = 24  # the dQ writer warp: a TMA issue and the counter, few registers
 
 
 @gluon.jit
@@ -432,18 +452,19 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
 
 
 @gluon.jit
-def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty, LSE, DELTA,
-                 DQ32, SEM, DK, DV,
+def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty,
+                 dq_full, dq_empty, LSE, DELTA, DQ32, SEM, DK, DV,
                  stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
                  m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                  DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr, ROWS_TMA: gl.constexpr,
-                 DQ_UNDER_DK: gl.constexpr):
+                 DQ_UNDER_DK: gl.constexpr, DQ_WRITER: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
-    share dS K, which goes into the FP32 buffer DQ32 (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added while
-    the next tile's S^T and dP^T products run (one more register tile held across the loop). DQ_UNDER_DK (not with
-    OVERLAP_DQ): dQ's product is issued before dK's and its share added while dK's runs."""
+    share dS K, which goes into the FP32 buffer DQ32: DQ_WRITER, through the double buffer ``dq_smem`` to the
+    writer warp (``_bwd_dq_writer``), else from registers (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added
+    while the next tile's S^T and dP^T products run (one more register tile held across the loop). DQ_UNDER_DK
+    (not with OVERLAP_DQ): dQ's product is issued before dK's and its share handed on while dK's runs."""
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -456,6 +477,7 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
     else:
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
+    gl.static_assert(not (OVERLAP_DQ and DQ_WRITER), "the writer warp takes the share as soon as it exists")
     cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))  # keys: the rows of S^T
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
@@ -510,8 +532,8 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                                    gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout), use_acc=False, is_async=True)
             dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
             dv, dq_share = warpgroup_mma_wait(1, deps=(dv, dq_tok))
-            _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM,
-                        CAUSAL, DETERMINISTIC, dq_layout)
+            _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty, DQ32, SEM, bh, m_idx, n_blk, n_m_total,
+                            n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DETERMINISTIC, DQ_WRITER, dq_layout)
             dk = warpgroup_mma_wait(0, deps=(dk,))
             mbarrier.arrive(qdo_empty.index(stage), count=1)
         else:
@@ -525,8 +547,8 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                 bh_prev = bh
                 m_prev = m_idx
             else:
-                _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
-                            HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
+                _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty, DQ32, SEM, bh, m_idx, n_blk, n_m_total,
+                                n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DETERMINISTIC, DQ_WRITER, dq_layout)
     if OVERLAP_DQ:
         if GROUP * n_m > 0:
             _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
@@ -539,6 +561,23 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
              (dk * sm_scale).to(dtype), mask=ok)
     gl.store(DV + b * stride_dvb + hk * stride_dvh + cols_kv[:, None] * stride_dvt + offs_d[None, :], dv.to(dtype),
              mask=ok)
+
+
+@gluon.jit
+def _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+                    DETERMINISTIC: gl.constexpr, DQ_WRITER: gl.constexpr, dq_layout: gl.constexpr):
+    """Step ``it``'s dQ share leaves the compute warps: DQ_WRITER, into buffer it % 2 of ``dq_smem`` for the writer
+    warp (once the writer has read that buffer's last share), else added from registers (``_bwd_add_dq``)."""
+    if DQ_WRITER:
+        buf = it % 2
+        mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier counts as released
+        dq_smem.index(buf).reshape([BLOCK_M, HEAD_DIM]).store(dq_share)
+        fence_async_shared()  # the stores are seen by the TMA unit (the async proxy) that reads them
+        mbarrier.arrive(dq_full.index(buf), count=1)
+    else:
+        _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
+                    DETERMINISTIC, dq_layout)
 
 
 @gluon.jit
@@ -573,14 +612,75 @@ def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, B
 
 
 @gluon.jit
+def _bulk_writes_done(token):
+    """Wait until this thread's TMA reduce-adds are performed in global memory (``cp.async.bulk.wait_group 0``).
+    ``tma.store_wait`` waits only until they have read shared memory (Triton 3.6-3.8 have no other form): enough to
+    reuse the buffer, not to let another CTA add after them. ``token``: any tensor (the asm is elementwise)."""
+    return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.b32 $0, $1;", "=r,r", [token], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _async_proxy_acquire(token):
+    """Order this thread's later TMA operations on global memory (the async proxy) after what it has acquired
+    through ordinary loads and atomics (``fence.proxy.async.global``)."""
+    return gl.inline_asm_elementwise("fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [token], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks, GROUP,
+                   H, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                   DETERMINISTIC: gl.constexpr, ACTIVE: gl.constexpr):
+    """1 warp: adds each of this key tile's dQ shares (unscaled, from the compute partition's double buffer) into
+    rows m_idx * BLOCK_M.. of the FP32 buffer (B, H, T, head_dim) with one TMA reduce-add, so the compute warps
+    never wait on global memory (FA3's dQ writer). Rows past T are not written (TMA bounds).
+
+    DETERMINISTIC: the key tiles that touch a query tile add in a fixed order, from the last to the first: a
+    per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn (acquire), adds,
+    waits until the add is performed in global memory, and counts itself (release). So every element of dQ sums its
+    shares in the same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish
+    (the same FP32 sums in another order). Not ACTIVE (the compute warps add the shares): nothing to do."""
+    lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    token = gl.zeros([32], gl.int32, lane)
+    n_it = 0
+    if ACTIVE:
+        n_it = GROUP * n_m
+    for it in range(n_it):
+        h = hk * GROUP + it // n_m
+        m_idx = m_first + it % n_m
+        buf = it % 2
+        mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
+        if DETERMINISTIC:
+            if CAUSAL:
+                last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
+            else:
+                last = n_blocks - 1
+            sem = SEM + (b * H + h) * n_m_total + m_idx
+            seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+            while seen != last - n_blk:
+                seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+            token = _async_proxy_acquire(token)
+        _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+        if DETERMINISTIC:
+            token = _bulk_writes_done(token)
+            _barrier()  # the lane that waited for the add precedes the lane that releases the counter
+            gl.atomic_add(sem, 1, sem="release", scope="gpu")
+        else:
+            tma.store_wait(0)
+        mbarrier.arrive(dq_empty.index(buf), count=1)
+
+
+@gluon.jit
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
                 DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, OVERLAP_DQ: gl.constexpr,
-                ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr, DQ_WRITER: gl.constexpr,
+                PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
-    first (the heaviest causal ones) to the last."""
+    first (the heaviest causal ones) to the last. DQ_WRITER: DQ32 is a TMA descriptor of the FP32 buffer."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -617,21 +717,33 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
 
+    if DQ_WRITER:  # dQ's shares, double-buffered between the compute partition and the writer warp
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2] + DQ32.block_type.shape, DQ32.layout)
+    else:
+        dq_smem = ds_smem  # unused
     gl.warp_specialize([
-        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty,
-                        LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk,
-                        start_n, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA, DQ_UNDER_DK)),
+        (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready,
+                        qdo_empty, dq_full, dq_empty, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh,
+                        stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n, m_first, n_m,
+                        n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                        CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA, DQ_UNDER_DK, DQ_WRITER)),
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
-    ], [1], [PRODUCER_REGS])
+        (_bwd_dq_writer, (DQ32, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks,
+                          GROUP, H, BLOCK_M, BLOCK_N, CAUSAL, DETERMINISTIC, DQ_WRITER)),
+    ], [1, 1], [PRODUCER_REGS, WRITER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -647,9 +759,9 @@ _GLUON_FIX_CODES = tuple(FIX_CODE[f] for f in GLUON_FIXES)
 
 def _rows_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A 4-D (batch, heads, seq, head_dim) TMA descriptor of t whose block is ``rows`` rows of one head; rows past
-    the sequence are zero-filled on load."""
+    the sequence are zero-filled on load and not written by a store or reduce."""
     block = [1, 1, rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    layout = gl.NVMMASharedLayout.get_default_for(block, {torch.float32: gl.float32, **_GL_DTYPES}[t.dtype])
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 _SM90: dict = {}  # CUDA device index -> whether it is a Hopper GPU (compute capability 9.x)
@@ -759,18 +871,25 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
     lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
     rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
-    overlap = BWD_OVERLAP_DQ[dim, bool(deterministic)]
     if not rows_tma:
         lse_arg, delta_arg = lse, delta
+    flags = _bwd_flags(dim, deterministic, causal, rows_tma)
+    dq32_arg = _rows_descriptor(dq32, block_m) if flags["DQ_WRITER"] else dq32
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
-                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg, dq32, sem,
-                      dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-                      heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, CAUSAL=bool(causal),
-                      DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES,
-                      OVERLAP_DQ=overlap, ROWS_TMA=rows_tma, DQ_UNDER_DK=BWD_DQ_UNDER_DK and not overlap,
-                      PRODUCER_REGS=BWD_PRODUCER_REGS, num_warps=8, maxnreg=MAXNREG)
+                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg, dq32_arg,
+                      sem, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+                      dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, **flags)
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
+
+
+def _bwd_flags(dim: int, deterministic: bool, causal: bool, rows_tma: bool) -> dict:
+    """The backward launch's compile-time options (kernels.offline_compile compiles the same ones)."""
+    writer = BWD_DQ_WRITER
+    overlap = BWD_OVERLAP_DQ[dim, bool(deterministic)] and not writer
+    return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, OVERLAP_DQ=overlap,
+                ROWS_TMA=rows_tma, DQ_UNDER_DK=BWD_DQ_UNDER_DK and not overlap, DQ_WRITER=writer,
+                PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS, num_warps=8, maxnreg=MAXNREG)
 
 
 # ----------------------------------------------------------------------------------------------------------------

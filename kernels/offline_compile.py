@@ -90,15 +90,12 @@ def configurations(quick: bool = False):
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         for deterministic in (True, False):
-            overlap = gf.BWD_OVERLAP_DQ[dim, deterministic]
+            kwargs = gf._bwd_flags(dim, deterministic, causal=True, rows_tma=True)
             args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
                     gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
-                    gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m), dq32, sem,
+                    gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m),
+                    gf._rows_descriptor(dq32, block_m) if kwargs["DQ_WRITER"] else dq32, sem,
                     dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
-            kwargs = dict(CAUSAL=True, DETERMINISTIC=deterministic, STAGES=gf.BWD_STAGES,
-                          OVERLAP_DQ=overlap, ROWS_TMA=True, DQ_UNDER_DK=gf.BWD_DQ_UNDER_DK and not overlap,
-                          PRODUCER_REGS=gf.BWD_PRODUCER_REGS,
-                          num_warps=8, maxnreg=gf.MAXNREG)
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
                         kwargs))
     return [c for c in out if c[0] in QUICK] if quick else out
