@@ -56,14 +56,6 @@ def implementation(settings: AttentionSettings, device: torch.device, head_dim: 
     return "triton"
 
 
-def describe(name: str, settings: AttentionSettings) -> str:
-    """What ``implementation`` 's answer runs, for the run's banner: the Gluon backend's backward is the Triton
-    kernel's under backend=auto with deterministic=true (the faster deterministic backward, kernels/gluon_flash.py)."""
-    if name == "gluon" and settings.backend == "auto" and settings.deterministic:
-        return "gluon (Gluon forward, the Triton kernel's deterministic backward)"
-    return name
-
-
 def compiled_module(name: str):
     """The module of a compiled implementation (imported on first use; see kernels/ops.py for its interface)."""
     return importlib.import_module(_COMPILED[name])

@@ -643,32 +643,30 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
     (the same FP32 sums in another order). Not ACTIVE (the compute warps add the shares): nothing to do."""
     lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     token = gl.zeros([32], gl.int32, lane)
-    n_it = 0
-    if ACTIVE:
-        n_it = GROUP * n_m
-    for it in range(n_it):
-        h = hk * GROUP + it // n_m
-        m_idx = m_first + it % n_m
-        buf = it % 2
-        mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
-        if DETERMINISTIC:
-            if CAUSAL:
-                last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
-            else:
-                last = n_blocks - 1
-            sem = SEM + (b * H + h) * n_m_total + m_idx
-            seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-            while seen != last - n_blk:
+    if ACTIVE:  # (a static branch: without the writer, dq_desc is a plain pointer)
+        for it in range(GROUP * n_m):
+            h = hk * GROUP + it // n_m
+            m_idx = m_first + it % n_m
+            buf = it % 2
+            mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
+            if DETERMINISTIC:
+                if CAUSAL:
+                    last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
+                else:
+                    last = n_blocks - 1
+                sem = SEM + (b * H + h) * n_m_total + m_idx
                 seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-            token = _async_proxy_acquire(token)
-        _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
-        if DETERMINISTIC:
-            token = _bulk_writes_done(token)
-            _barrier()  # the lane that waited for the add precedes the lane that releases the counter
-            gl.atomic_add(sem, 1, sem="release", scope="gpu")
-        else:
-            tma.store_wait(0)
-        mbarrier.arrive(dq_empty.index(buf), count=1)
+                while seen != last - n_blk:
+                    seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+                token = _async_proxy_acquire(token)
+            _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+            if DETERMINISTIC:
+                token = _bulk_writes_done(token)
+                _barrier()  # the lane that waited for the add precedes the lane that releases the counter
+                gl.atomic_add(sem, 1, sem="release", scope="gpu")
+            else:
+                tma.store_wait(0)
+            mbarrier.arrive(dq_empty.index(buf), count=1)
 
 
 @gluon.jit
@@ -752,9 +750,6 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 _GLUON_FIX_CODES = tuple(FIX_CODE[f] for f in GLUON_FIXES)
-# With deterministic=true the Gluon backward orders dQ's shares by a per-tile counter; the Triton kernel's own
-# deterministic backward (dQ in its own launch) was faster on the H200 (docs/attention-kernel.md, Speed), so
-# backend=auto uses that one; backend=gluon runs the Gluon one.
 
 
 def _rows_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -933,11 +928,9 @@ def forward(q, k, v, settings: AttentionSettings, nm: Numerics, noise_keys: torc
 
 
 def backward(d_out, q, k, v, o_saved, lse, o32, settings: AttentionSettings, nm: Numerics, noise_keys=None):
-    """(dq, dk, dv): the fused Gluon backward, or the Triton kernel's where the Gluon one cannot run the call and,
-    under backend=auto with deterministic=true, where the Triton kernel's deterministic backward is the faster."""
+    """(dq, dk, dv): the fused Gluon backward, or the Triton kernel's where the Gluon one cannot run the call."""
     q, k, v = (triton_flash._last_dim_contiguous(t) for t in (q, k, v))
-    use = _gluon_runs(q, k, v, settings, nm) and (settings.backend == "gluon" or not settings.deterministic)
-    if not use:
+    if not _gluon_runs(q, k, v, settings, nm):
         return triton_flash.backward(d_out, q, k, v, o_saved, lse, o32, settings, nm, noise_keys)
     if d_out.dtype != q.dtype:
         d_out = d_out.to(q.dtype)

@@ -44,7 +44,7 @@ from launcher.prepare_data import EMBEDDED_DATA_DIR, ensure_prepared
 from launcher.run_folder import RunLock, start_fresh_or_resume
 from launcher.sharded import saved_shapes
 from launcher.stop_signals import STOP
-from model import GPT, describe_backend, resolve_backend
+from model import GPT, resolve_backend
 
 
 @dataclass
@@ -354,8 +354,7 @@ class Trainer:
         """Train to run.max_steps, or until interrupted or stopped by the guard."""
         config, metrics = self.config, self.metrics
         max_steps = config.run.max_steps
-        attention = describe_backend(config.attention, self.backend)
-        metrics.print(f"{self.n_params / 1e6:.2f}M parameters | attention {attention} "
+        metrics.print(f"{self.n_params / 1e6:.2f}M parameters | attention {self.backend} "
                       f"{config.attention.numerics} | {self.dims.describe()} on {self.dims.device.type}, "
                       f"{self.engine.describe()} | {self.schedule.accum_steps} accumulation step(s) | "
                       f"{config.data.global_batch_size * config.data.seq_len:,} tokens/step | logs in {self.run_dir}")

@@ -83,10 +83,11 @@ class AttentionConfig:
     sums, so with autotuning the last bits of O and the gradients can depend on which configuration won the timing
     (another GPU, process or data-parallel rank); false makes them fixed, at some cost in speed."""
     deterministic: bool = True
-    """Triton backend only (ignored by the others): true computes dQ in its own launch, the same bits from run to
-    run; false adds dQ's shares with FP32 atomics inside the dK/dV launch (two matrix products fewer per tile pair,
-    as FA2 and cuDNN do), so dQ's last bits vary from run to run. Measured on the H200: ~10% faster backward at
-    sequence length 4096 and head_dim 128, none at 1024 and 64 (docs/attention-kernel.md, Speed)."""
+    """The Triton and Gluon kernels (ignored by the others): true gives dQ the same bits from run to run (the Triton
+    kernel computes it in its own launch; the Gluon kernel adds its per-key-tile shares in a fixed order); false
+    adds the shares with FP32 atomics as key tiles finish (as FA2 and cuDNN do), so dQ's last bits vary from run to
+    run. Measured (docs/attention-kernel.md, Speed): in the Triton kernel ~10% faster backward at sequence length
+    4096 and head_dim 128, none at 1024 and 64; in the Gluon kernel 0-6% faster fwd+bwd."""
 
     @property
     def numerics(self) -> str:
@@ -172,15 +173,6 @@ def resolve_backend(config: AttentionConfig, device: torch.device, head_dim: Opt
     import kernels
 
     return kernels.implementation(attention_settings(config), device, head_dim)
-
-
-def describe_backend(config: AttentionConfig, backend: str) -> str:
-    """``backend`` (``resolve_backend``'s answer) as the run's banner says it (``kernels.describe``)."""
-    if backend == "sdpa":
-        return backend
-    import kernels
-
-    return kernels.describe(backend, attention_settings(config))
 
 
 def build_attention(config: AttentionConfig, device: torch.device, head_offset: int = 0,

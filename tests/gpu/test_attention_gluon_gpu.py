@@ -167,4 +167,3 @@ def test_auto_picks_gluon_where_it_is_the_faster_kernel():
     assert kernels.implementation(auto, device, 64) == "triton"
     assert kernels.implementation(AttentionSettings(fix="dynamic_max"), device, 128) == "triton"
     assert kernels.implementation(AttentionSettings(rounding="paper"), device, 128) == "triton"
-    assert kernels.describe("gluon", auto) == "gluon (Gluon forward, the Triton kernel's deterministic backward)"

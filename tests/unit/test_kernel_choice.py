@@ -38,9 +38,3 @@ def test_named_backends_and_the_cpu(gpu):
         assert kernels.implementation(AttentionSettings(backend=name), cuda, 64) == name
 
 
-def test_the_banner_says_which_backward_runs():
-    assert kernels.describe("gluon", AttentionSettings()) == \
-        "gluon (Gluon forward, the Triton kernel's deterministic backward)"
-    assert kernels.describe("gluon", AttentionSettings(deterministic=False)) == "gluon"
-    assert kernels.describe("gluon", AttentionSettings(backend="gluon")) == "gluon"
-    assert kernels.describe("triton", AttentionSettings()) == "triton"
