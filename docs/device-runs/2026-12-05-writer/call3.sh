@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Call 3 of 2026-12-05 (carry data/cache/kjv): (1) the dQ writer (TMA reduce-add) against the register adds, both
-# dQ orders, with the Triton kernel and SDPA cuDNN, in one run alone on the GPU (call 2's register rows failed to
-# compile: a static branch was missing); (2) what the new backward does to the 1.3B recipe's training speed: its
-# fixed arm with a BF16 FFN (Transformer Engine is not installed in this call), eager as the recipe runs, with
-# backend=triton, backend=auto (now the Gluon forward and ordered Gluon backward) and gluon with atomic dQ, against
-# the compiled SDPA cuDNN trainer. Logs in $OUT.
+# Call 3 of 2026-12-05: (1) the dQ writer (TMA reduce-add) against the register adds, both dQ orders, with the
+# Triton kernel and SDPA cuDNN, in one run alone on the GPU (call 2's register rows failed to compile: a static
+# branch was missing); (2) the GPU tests that touch the changed code, side by side: the Gluon kernel's file, the
+# trainer's and planner's files (no Transformer Engine: their FP8 tests skip) and the Triton kernel's file.
+# Logs in $OUT.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 D=docs/device-runs/2026-12-05-writer
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee $OUT/call3_machine.txt
-timeout 230 python3 $D/probe.py time --rep 50 2>&1 | grep -v Warning | tee $OUT/call3_time.log
-F="arms.fixed.attention"
-timeout 300 python3 -m benchmarks.train_speed gpt_1p3b_fp8 data.data_dir=data/cache/kjv data.global_batch_size=64 \
-  --arm fixed precision.fp8_ffn=false $F.backend=triton \
-  --also "$F.backend=auto" --also "$F.backend=gluon $F.deterministic=false" \
-  --baselines cudnn --steps 6 --skip 2 --json $OUT/call3_gpt_1p3b.json > $OUT/call3_gpt_1p3b.log 2>&1
-echo "gpt_1p3b rc=$?"; tail -8 $OUT/call3_gpt_1p3b.log
+timeout 240 python3 $D/probe.py time --rep 50 2>&1 | grep -v Warning | tee $OUT/call3_time.log
+P="python3 -m pytest -q -p no:cacheprovider -rs"
+timeout 300 $P tests/gpu/test_attention_gluon_gpu.py > $OUT/call3_gpu_gluon.log 2>&1 &
+timeout 300 $P tests/gpu/test_train_gpu.py tests/gpu/test_plan_gpu.py > $OUT/call3_gpu_train.log 2>&1 &
+timeout 300 $P tests/gpu/test_attention_gpu.py > $OUT/call3_gpu_triton.log 2>&1 &
+wait
+for f in $OUT/call3_gpu_*.log; do echo "== $f"; tail -4 $f; done
