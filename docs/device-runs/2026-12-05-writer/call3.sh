@@ -7,10 +7,10 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 D=docs/device-runs/2026-12-05-writer
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee $OUT/call3_machine.txt
-timeout 240 python3 $D/probe.py time --rep 50 2>&1 | grep -v Warning | tee $OUT/call3_time.log
+timeout 200 python3 $D/probe.py time --rep 50 2>&1 | grep -v Warning | tee $OUT/call3_time.log
 P="python3 -m pytest -q -p no:cacheprovider -rs"
-timeout 300 $P tests/gpu/test_attention_gluon_gpu.py > $OUT/call3_gpu_gluon.log 2>&1 &
-timeout 300 $P tests/gpu/test_train_gpu.py tests/gpu/test_plan_gpu.py > $OUT/call3_gpu_train.log 2>&1 &
-timeout 300 $P tests/gpu/test_attention_gpu.py > $OUT/call3_gpu_triton.log 2>&1 &
+timeout 210 $P tests/gpu/test_attention_gluon_gpu.py > $OUT/call3_gpu_gluon.log 2>&1 &
+timeout 210 $P tests/gpu/test_train_gpu.py tests/gpu/test_plan_gpu.py > $OUT/call3_gpu_train.log 2>&1 &
+timeout 210 $P tests/gpu/test_attention_gpu.py > $OUT/call3_gpu_triton.log 2>&1 &
 wait
 for f in $OUT/call3_gpu_*.log; do echo "== $f"; tail -4 $f; done
