@@ -13,8 +13,9 @@ them the way FA3 does on Hopper (Shah et al., "FlashAttention-3", arXiv 2407.086
   measured no faster: docs/attention-kernel.md, Speed);
 - backward (``_bwd_kernel``): one CTA per key tile of one k/v head; K and V are loaded once, Q, dO (TMA) and
   LSE, delta stream past; 5 matrix products per tile pair, P^T and dS^T kept in registers as the A operand of
-  dV and dK, dS^T staged in shared memory for dQ's share, which is added into an FP32 buffer with atomics, in a
-  fixed order per query tile (``deterministic``) or as tiles finish, while dK's product of the tile still runs.
+  dV and dK, dS^T staged in shared memory for dQ's share, which the compute warps hand (while dK's product of the
+  tile still runs) through shared memory to a writer warp that adds it into an FP32 buffer with one TMA
+  reduce-add, in a fixed order per query tile (``deterministic``) or as tiles finish (FA3's dQ writer).
 
 Numerics are rounding=fa2's exactly as ``kernels.reference`` states them (FP32 scores, the maximum taken on the raw
 q.k, P_bar = exp2((q.k - m) * scale*log2(e)), bf16 P for the PV product, FP32 accumulator, one final rounding),
@@ -25,7 +26,7 @@ the Triton kernel's fixed configuration), so results agree with the reference to
 bit for bit; tests/gpu compare them with a tolerance derived from that order.
 
 Gluon's API moved between the Triton releases this project allows (3.6 to 3.9); the few names that changed are
-resolved once below (``_tma_load``). ``kernels.offline_compile`` compiles these kernels for sm_90 without a GPU
+resolved once below (``_tma_load``, ``_tma_reduce_add``). ``kernels.offline_compile`` compiles these kernels for sm_90 without a GPU
 (CI checks that they still compile under its Triton).
 """
 
@@ -406,18 +407,9 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
 # ----------------------------------------------------------------------------------------------------------------
 
 BWD_BLOCK_M = {64: 64, 128: 64}  # query rows per step, per head_dim
-# Add a tile's dQ share while the next tile's first products run, per (head_dim, deterministic). Measured at d64
-# (2026-12-02, call 4): 4% faster with ordered dQ, 3% slower with atomics; with atomics the machine code shows why:
-# ptxas serialises every product of the loop (its message C7518: the share's add is a branch inside the pipeline).
-BWD_OVERLAP_DQ = {(64, True): True, (64, False): False, (128, True): False, (128, False): False}
-# Issue dQ's product before dK's and add its share while dK's runs (where OVERLAP_DQ is off): fwd+bwd 2-3.5%
-# faster with atomics, 0-2.4% with ordered dQ (device run 2026-12-04-sched, call 1)
+# Issue dQ's product before dK's and hand its share on while dK's runs: fwd+bwd 2-3.5% faster with atomics, 0-2.4%
+# with ordered dQ, when the compute warps still added the shares themselves (device run 2026-12-04-sched, call 1)
 BWD_DQ_UNDER_DK = True
-# dQ's shares go through a double buffer in shared memory to a 1-warp writer partition that adds each with one TMA
-# reduce-add (FA3's dQ writer), in the fixed order under the per-tile counter when deterministic; False: the compute
-# warps add them from registers (FP32 atomics, or plain loads and stores under the counter). A writer that added
-# from registers itself was 2-8% slower (2026-12-03, docs/attention-kernel.md): the reduce-add is one instruction.
-BWD_DQ_WRITER = True
 BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4 bytes is a multiple of 16)
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
@@ -453,18 +445,14 @@ def _bwd_producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem,
 
 @gluon.jit
 def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready, qdo_empty,
-                 dq_full, dq_empty, LSE, DELTA, DQ32, SEM, DK, DV,
-                 stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n,
-                 m_first, n_m, n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
+                 dq_full, dq_empty, LSE, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh,
+                 stride_dvt, b, hk, start_n, m_first, n_m, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 DETERMINISTIC: gl.constexpr, OVERLAP_DQ: gl.constexpr, ROWS_TMA: gl.constexpr,
-                 DQ_UNDER_DK: gl.constexpr, DQ_WRITER: gl.constexpr):
+                 ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
-    share dS K, which goes into the FP32 buffer DQ32: DQ_WRITER, through the double buffer ``dq_smem`` to the
-    writer warp (``_bwd_dq_writer``), else from registers (``_bwd_add_dq``). OVERLAP_DQ: a tile's share is added
-    while the next tile's S^T and dP^T products run (one more register tile held across the loop). DQ_UNDER_DK
-    (not with OVERLAP_DQ): dQ's product is issued before dK's and its share handed on while dK's runs."""
+    share dS K, which goes through the double buffer ``dq_smem`` to the writer warp (``_bwd_dq_writer``).
+    DQ_UNDER_DK: dQ's product is issued before dK's and its share handed on while dK's runs."""
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -477,16 +465,12 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
     else:
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                             instr_shape=[16, HEAD_DIM // 2, 16])
-    gl.static_assert(not (OVERLAP_DQ and DQ_WRITER), "the writer warp takes the share as soon as it exists")
     cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))  # keys: the rows of S^T
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    dq_prev = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-    bh_prev = 0
-    m_prev = 0
     mbarrier.wait(kv_bar, 0)
     for it in range(GROUP * n_m):
         h = hk * GROUP + it // n_m
@@ -507,10 +491,6 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
         zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         st_tok = warpgroup_mma(k_tile, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_tile, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        if OVERLAP_DQ:
-            if it > 0:
-                _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
-                            HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
         st = warpgroup_mma_wait(1, deps=(st_tok,))
         pt = gl.exp2(st * exp_scale - lse2[None, :])  # one FMA per score, as the Triton kernel
         masked = (start_n + BLOCK_N > T) | (m_idx * BLOCK_M + BLOCK_M > T)
@@ -532,8 +512,7 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
                                    gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout), use_acc=False, is_async=True)
             dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
             dv, dq_share = warpgroup_mma_wait(1, deps=(dv, dq_tok))
-            _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty, DQ32, SEM, bh, m_idx, n_blk, n_m_total,
-                            n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DETERMINISTIC, DQ_WRITER, dq_layout)
+            _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty)
             dk = warpgroup_mma_wait(0, deps=(dk,))
             mbarrier.arrive(qdo_empty.index(stage), count=1)
         else:
@@ -542,17 +521,7 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
                                    gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout), use_acc=False, is_async=True)
             dv, dk, dq_share = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
             mbarrier.arrive(qdo_empty.index(stage), count=1)
-            if OVERLAP_DQ:
-                dq_prev = dq_share
-                bh_prev = bh
-                m_prev = m_idx
-            else:
-                _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty, DQ32, SEM, bh, m_idx, n_blk, n_m_total,
-                                n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DETERMINISTIC, DQ_WRITER, dq_layout)
-    if OVERLAP_DQ:
-        if GROUP * n_m > 0:
-            _bwd_add_dq(dq_prev, DQ32, SEM, bh_prev, m_prev, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N,
-                        HEAD_DIM, CAUSAL, DETERMINISTIC, dq_layout)
+            _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty)
     # epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rounded once
     cols_kv = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -564,51 +533,14 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
 
 
 @gluon.jit
-def _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
-                    DETERMINISTIC: gl.constexpr, DQ_WRITER: gl.constexpr, dq_layout: gl.constexpr):
-    """Step ``it``'s dQ share leaves the compute warps: DQ_WRITER, into buffer it % 2 of ``dq_smem`` for the writer
-    warp (once the writer has read that buffer's last share), else added from registers (``_bwd_add_dq``)."""
-    if DQ_WRITER:
-        buf = it % 2
-        mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier counts as released
-        dq_smem.index(buf).reshape([BLOCK_M, HEAD_DIM]).store(dq_share)
-        fence_async_shared()  # the stores are seen by the TMA unit (the async proxy) that reads them
-        mbarrier.arrive(dq_full.index(buf), count=1)
-    else:
-        _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
-                    DETERMINISTIC, dq_layout)
-
-
-@gluon.jit
-def _bwd_add_dq(dq_share, DQ32, SEM, bh, m_idx, n_blk, n_m_total, n_blocks, T, BLOCK_M: gl.constexpr,
-                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                dq_layout: gl.constexpr):
-    """Add this key tile's share of dQ (unscaled) into rows m_idx * BLOCK_M.. of the FP32 buffer (contiguous
-    (B, H, T, head_dim)). DETERMINISTIC: in a fixed order, the key tiles that touch the query tile from the last to
-    the first: a per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn, adds
-    with plain loads and stores, and counts itself (the CUTLASS semaphore pattern: a barrier, then a release by one
-    thread; an acquire, then a barrier). Otherwise FP32 atomics, in the order the tiles finish."""
-    rows = m_idx * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
-    ptrs = DQ32 + (bh * T + rows)[:, None] * HEAD_DIM + offs_d[None, :]
-    ok = (rows < T)[:, None]
-    if DETERMINISTIC:
-        if CAUSAL:
-            last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
-        else:
-            last = n_blocks - 1
-        turn = last - n_blk
-        sem = SEM + bh * n_m_total + m_idx
-        seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-        while seen != turn:
-            seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-        _barrier()
-        gl.store(ptrs, gl.load(ptrs, mask=ok, other=0.0) + dq_share, mask=ok)
-        _barrier()
-        gl.atomic_add(sem, 1, sem="release", scope="gpu")
-    else:
-        gl.atomic_add(ptrs, dq_share, mask=ok, sem="relaxed")
+def _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty):
+    """Step ``it``'s dQ share leaves the compute warps: into buffer it % 2 of ``dq_smem`` for the writer warp, once
+    the writer has read that buffer's last share."""
+    buf = it % 2
+    mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier counts as released
+    dq_smem.index(buf).reshape([dq_share.shape[0], dq_share.shape[1]]).store(dq_share)
+    fence_async_shared()  # the stores are seen by the TMA unit (the async proxy) that reads them
+    mbarrier.arrive(dq_full.index(buf), count=1)
 
 
 @gluon.jit
@@ -631,7 +563,7 @@ def _async_proxy_acquire(token):
 @gluon.jit
 def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks, GROUP,
                    H, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                   DETERMINISTIC: gl.constexpr, ACTIVE: gl.constexpr):
+                   DETERMINISTIC: gl.constexpr):
     """1 warp: adds each of this key tile's dQ shares (unscaled, from the compute partition's double buffer) into
     rows m_idx * BLOCK_M.. of the FP32 buffer (B, H, T, head_dim) with one TMA reduce-add, so the compute warps
     never wait on global memory (FA3's dQ writer). Rows past T are not written (TMA bounds).
@@ -640,45 +572,43 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
     per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn (acquire), adds,
     waits until the add is performed in global memory, and counts itself (release). So every element of dQ sums its
     shares in the same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish
-    (the same FP32 sums in another order). Not ACTIVE (the compute warps add the shares): nothing to do."""
+    (the same FP32 sums in another order)."""
     lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     token = gl.zeros([32], gl.int32, lane)
-    if ACTIVE:  # (a static branch: without the writer, dq_desc is a plain pointer)
-        for it in range(GROUP * n_m):
-            h = hk * GROUP + it // n_m
-            m_idx = m_first + it % n_m
-            buf = it % 2
-            mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
-            if DETERMINISTIC:
-                if CAUSAL:
-                    last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
-                else:
-                    last = n_blocks - 1
-                sem = SEM + (b * H + h) * n_m_total + m_idx
-                seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-                while seen != last - n_blk:
-                    seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-                token = _async_proxy_acquire(token)
-            _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
-            if DETERMINISTIC:
-                token = _bulk_writes_done(token)
-                _barrier()  # the lane that waited for the add precedes the lane that releases the counter
-                gl.atomic_add(sem, 1, sem="release", scope="gpu")
+    for it in range(GROUP * n_m):
+        h = hk * GROUP + it // n_m
+        m_idx = m_first + it % n_m
+        buf = it % 2
+        mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
+        if DETERMINISTIC:
+            if CAUSAL:
+                last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
             else:
-                tma.store_wait(0)
-            mbarrier.arrive(dq_empty.index(buf), count=1)
+                last = n_blocks - 1
+            sem = SEM + (b * H + h) * n_m_total + m_idx
+            seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+            while seen != last - n_blk:
+                seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+            token = _async_proxy_acquire(token)
+        _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+        if DETERMINISTIC:
+            token = _bulk_writes_done(token)
+            _barrier()  # the lane that waited for the add precedes the lane that releases the counter
+            gl.atomic_add(sem, 1, sem="release", scope="gpu")
+        else:
+            tma.store_wait(0)
+        mbarrier.arrive(dq_empty.index(buf), count=1)
 
 
 @gluon.jit
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
-                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, OVERLAP_DQ: gl.constexpr,
-                ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr, DQ_WRITER: gl.constexpr,
-                PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
+                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, ROWS_TMA: gl.constexpr,
+                DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
-    first (the heaviest causal ones) to the last. DQ_WRITER: DQ32 is a TMA descriptor of the FP32 buffer."""
+    first (the heaviest causal ones) to the last. DQ32: a TMA descriptor of dQ's FP32 buffer."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -726,21 +656,18 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
         mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
 
-    if DQ_WRITER:  # dQ's shares, double-buffered between the compute partition and the writer warp
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2] + DQ32.block_type.shape, DQ32.layout)
-    else:
-        dq_smem = ds_smem  # unused
+    # dQ's shares, double-buffered between the compute partition and the writer warp
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + DQ32.block_type.shape, DQ32.layout)
     gl.warp_specialize([
         (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready,
-                        qdo_empty, dq_full, dq_empty, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh,
-                        stride_dkt, stride_dvb, stride_dvh, stride_dvt, b, hk, n_blk, start_n, m_first, n_m,
-                        n_m_total, n_blocks, GROUP, H, T, exp_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                        CAUSAL, DETERMINISTIC, OVERLAP_DQ, ROWS_TMA, DQ_UNDER_DK, DQ_WRITER)),
+                        qdo_empty, dq_full, dq_empty, LSE, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkt,
+                        stride_dvb, stride_dvh, stride_dvt, b, hk, start_n, m_first, n_m, GROUP, H, T, exp_scale,
+                        sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, ROWS_TMA, DQ_UNDER_DK)),
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
         (_bwd_dq_writer, (DQ32, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks,
-                          GROUP, H, BLOCK_M, BLOCK_N, CAUSAL, DETERMINISTIC, DQ_WRITER)),
+                          GROUP, H, BLOCK_M, BLOCK_N, CAUSAL, DETERMINISTIC)),
     ], [1, 1], [PRODUCER_REGS, WRITER_REGS])
 
 
@@ -868,23 +795,20 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
     if not rows_tma:
         lse_arg, delta_arg = lse, delta
-    flags = _bwd_flags(dim, deterministic, causal, rows_tma)
-    dq32_arg = _rows_descriptor(dq32, block_m) if flags["DQ_WRITER"] else dq32
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
-                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg, dq32_arg,
-                      sem, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
-                      dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, **flags)
+                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg,
+                      _rows_descriptor(dq32, block_m), sem, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+                      dv.stride(0), dv.stride(1), dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale,
+                      nm.sm_scale, **_bwd_flags(deterministic, causal, rows_tma))
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 
 
-def _bwd_flags(dim: int, deterministic: bool, causal: bool, rows_tma: bool) -> dict:
+def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool) -> dict:
     """The backward launch's compile-time options (kernels.offline_compile compiles the same ones)."""
-    writer = BWD_DQ_WRITER
-    overlap = BWD_OVERLAP_DQ[dim, bool(deterministic)] and not writer
-    return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, OVERLAP_DQ=overlap,
-                ROWS_TMA=rows_tma, DQ_UNDER_DK=BWD_DQ_UNDER_DK and not overlap, DQ_WRITER=writer,
-                PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS, num_warps=8, maxnreg=MAXNREG)
+    return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
+                DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
+                num_warps=8, maxnreg=MAXNREG)
 
 
 # ----------------------------------------------------------------------------------------------------------------

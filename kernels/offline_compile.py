@@ -90,11 +90,11 @@ def configurations(quick: bool = False):
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         for deterministic in (True, False):
-            kwargs = gf._bwd_flags(dim, deterministic, causal=True, rows_tma=True)
+            kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True)
             args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
                     gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m),
-                    gf._rows_descriptor(dq32, block_m) if kwargs["DQ_WRITER"] else dq32, sem,
+                    gf._rows_descriptor(dq32, block_m), sem,
                     dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}", gf._bwd_kernel, args,
                         kwargs))

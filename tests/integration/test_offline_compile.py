@@ -21,6 +21,13 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
         ptx = (tmp_path / f"{name}.ptx").read_text()
         # what makes them Hopper kernels: asynchronous warpgroup MMAs, TMA copies, per-partition register budgets
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx, name
+    # the backward's dQ shares leave by TMA reduce-add (the writer warp), not by FP32 atomics from registers, and the
+    # ordered backward waits until its adds are performed in global memory before it passes the turn on
+    for name in ("backward_d128_deterministic", "backward_d64_atomic_dQ"):
+        ptx = (tmp_path / f"{name}.ptx").read_text()
+        assert "cp.reduce.async.bulk.tensor" in ptx and "add.bulk_group" in ptx, name
+        assert not re.search(r"(red|atom)\.global\S*f32", ptx), name
+    assert "cp.async.bulk.wait_group 0;" in (tmp_path / "backward_d128_deterministic.ptx").read_text()
     # the dynamic schedule takes tiles from the global counter, the static one does not
     assert "atom.global" in (tmp_path / "forward_d128_fp32_output.ptx").read_text()
     assert "atom.global" not in (tmp_path / "forward_d128_none_static_schedule.ptx").read_text()
