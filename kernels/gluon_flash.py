@@ -56,8 +56,8 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 @builtin
 def _tma_reduce_add_op(tensor_desc, coord, src, _semantic=None):
     """A TMA reduce-add of a shared-memory tile into global memory (``cp.reduce.async.bulk.tensor ... .add``).
-    Gluon names it ``tma.async_atomic_add`` from Triton 3.9 on; the operation it builds (``ttng.async_tma_reduce``)
-    and the builder call are already in 3.6-3.8, which this reaches directly."""
+    Gluon names it ``tma.async_atomic_add`` in Triton 3.8 and 3.9; the operation it builds (``ttng.async_tma_reduce``)
+    and the builder call are already in 3.6 and 3.7, which this reaches directly."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
