@@ -1,7 +1,8 @@
 """Device probe of kernels/gluon_flash.py, 2026-12-05: the backward's dQ writer warp with a TMA reduce-add
 (``BWD_DQ_WRITER``, the default now) against the compute warps' register adds of 2026-12-04 ("gluon registers"),
 in one run. Copied from docs/device-runs/2026-12-04-sched/probe.py; VARIANTS set module attributes of
-kernels.gluon_flash.
+kernels.gluon_flash. ``BWD_DQ_WRITER`` and the register-add path were removed after call 3 (commit 2a93dfb): the
+"gluon registers" variant and ``check --registers`` run on the trees of calls 2-3 only.
 
     PYTHONPATH=. python docs/device-runs/2026-12-05-writer/probe.py check [--deterministic] [--registers]
     PYTHONPATH=. python docs/device-runs/2026-12-05-writer/probe.py time [--shapes 8,12,1024,64 ...]
