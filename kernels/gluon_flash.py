@@ -86,6 +86,9 @@ FWD_DYNAMIC = True
 # first within a section; 0: one section of every head. With both, the forward at (4,16,4096,128) took 576 us
 # against 669 for the static share over every head (16 MiB; 32 MiB: 586; device run 2026-12-04-sched, call 1).
 FWD_L2_SECTION_BYTES = 16 << 20
+# With fix=fp32_output the consumers stage the FP32 O in shared memory and a TMA store writes it (one 32 KiB buffer
+# per consumer at head_dim 128), so the next tile starts while the copy runs; False: plain stores from registers.
+FWD_O32_TMA = True
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
@@ -251,15 +254,16 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
 
 
 @gluon.jit
-def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns, tile_slots, O,
-                  O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
+def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
+                  tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr):
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile. DYNAMIC: the
-    tile's index comes from the producer's slot once Q is ready (``_fwd_producer``)."""
+    tile's index comes from the producer's slot once Q is ready (``_fwd_producer``). O32_TMA: O32 is a TMA
+    descriptor and the FP32 O leaves through this consumer's buffer ``o32_smem.index(HALF_INDEX)``."""
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -339,7 +343,16 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_em
             o_out = o
         gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
         if STORE_O32:
-            gl.store(O32 + o_off, o, mask=row_ok)
+            if O32_TMA:
+                o32_buf = o32_smem.index(HALF_INDEX)
+                tma.store_wait(0)  # the previous tile's copy has read the buffer (the issuing thread waits)
+                _barrier()  # ... before any thread of the warpgroup writes it
+                o32_buf.reshape([HALF, HEAD_DIM]).store(o)
+                fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
+                _barrier()  # every thread's share is in before one thread issues the copy
+                tma.async_copy_shared_to_global(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
+            else:
+                gl.store(O32 + o_off, o, mask=row_ok)
         lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
         gl.store(LSE + bh * T + rows, lse, mask=rows < T)
         if DYNAMIC:
@@ -347,17 +360,20 @@ def _fwd_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_em
             t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
         else:
             t += gl.num_programs(0)
+    if STORE_O32 and O32_TMA:
+        tma.store_wait(0)  # the buffer lives until the last copy has read it
 
 
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_ob, stride_oh, stride_ot, H, GROUP,
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 PRODUCER_REGS: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
-    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch."""
+    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
+    O's pointer, or its TMA descriptor (blocks of HALF rows) when O32_TMA."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_M: gl.constexpr = 2 * HALF
     dtype: gl.constexpr = q_desc.dtype
@@ -366,6 +382,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if STORE_O32 and O32_TMA:  # one buffer per consumer
+        o32_smem = gl.allocate_shared_memory(gl.float32, [2] + O32.block_type.shape, O32.layout)
+    else:
+        o32_smem = q_smem  # unused
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -388,14 +408,14 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
     # into tensors)
     gl.warp_specialize([
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
-                         tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work,
-                         SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32,
-                         PINGPONG, DYNAMIC)),
-        (_fwd_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
-                         tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work,
-                         SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX, STORE_O32,
-                         PINGPONG, DYNAMIC)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+                         turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
+                         n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+                         turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
+                         n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC)),
@@ -767,14 +787,23 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
     dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
+    o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output)
     _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
-                      out, o32, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
+                      out, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4,
-                      maxnreg=MAXNREG)
+                      O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
+
+
+def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool):
+    """(the forward's O32 argument, O32_TMA): a TMA descriptor of the FP32 O in blocks of one consumer's rows where
+    FWD_O32_TMA and the mode keeps it, else the tensor itself (an empty one when the mode keeps none)."""
+    if store_o32 and FWD_O32_TMA:
+        return _rows_descriptor(o32, FWD_BLOCK_M // 2), True
+    return o32, False
 
 
 def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,

@@ -67,7 +67,7 @@ def configurations(quick: bool = False):
     b, h, t = 2, 4, 1000
     for dim in gf.GLUON_HEAD_DIMS:
         q, k, v, o = (torch.empty(b, t, h, dim, dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
-        o32 = torch.empty(b, h, t, dim)
+        o32 = torch.empty(b, t, h, dim).transpose(1, 2)  # like q, as the forward allocates it
         lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
         keys = torch.zeros(b, dtype=torch.int64)
         counter = torch.zeros(1, dtype=torch.int32)
@@ -75,11 +75,12 @@ def configurations(quick: bool = False):
         # also with the static one (a launch with a program per tile: short sequences, small batches)
         counted = gf.FWD_DYNAMIC
         for fix, store_o32, dynamic in ((0, False, counted), (3, True, counted), (4, False, counted), (0, False, False)):
+            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32)
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
-                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32, lse, keys, counter, *o.stride()[:3], h, 1, t,
+                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
