@@ -26,7 +26,7 @@ the Triton kernel's fixed configuration), so results agree with the reference to
 bit for bit; tests/gpu compare them with a tolerance derived from that order.
 
 Gluon's API moved between the Triton releases this project allows (3.6 to 3.9); the few names that changed are
-resolved once below (``_tma_load``, ``_tma_reduce_add``). ``kernels.offline_compile`` compiles these kernels for sm_90 without a GPU
+resolved once below (``_tma_load``, ``_tma_store``, ``_tma_reduce_add``). ``kernels.offline_compile`` compiles these kernels for sm_90 without a GPU
 (CI checks that they still compile under its Triton).
 """
 
@@ -46,10 +46,11 @@ from kernels import triton_flash
 from kernels.modes import GLUON_AUTO_HEAD_DIMS, GLUON_FIXES, GLUON_HEAD_DIMS, FIX_CODE, AttentionSettings, Numerics
 from kernels.triton_flash import _row_hash, _sr_bf16
 
-# Names that moved between the Triton releases pyproject.toml allows: the TMA load (3.9's async_load; before it
-# async_copy_global_to_shared, which 3.9 keeps only to raise an error) and the barrier of a partition's warps
-# (3.6's thread_barrier, 3.7's barrier)
+# Names that moved between the Triton releases pyproject.toml allows: the TMA load and store (3.8's async_load and
+# async_store; before them async_copy_global_to_shared and async_copy_shared_to_global, which 3.9 keeps only to
+# raise an error) and the barrier of a partition's warps (3.6's thread_barrier, 3.7's barrier)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
@@ -350,7 +351,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
                 o32_buf.reshape([HALF, HEAD_DIM]).store(o)
                 fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
                 _barrier()  # every thread's share is in before one thread issues the copy
-                tma.async_copy_shared_to_global(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
+                _tma_store(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
             else:
                 gl.store(O32 + o_off, o, mask=row_ok)
         lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
