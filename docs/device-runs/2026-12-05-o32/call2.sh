@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Call 2 of 2026-12-05 (second session), issue 31 item 7: the 1.3B FP8 recipe's fixed arm (fa2/fp32_output, FP8
 # FFNs, eager) per attention backend against the Transformer Engine baseline, in one benchmarks.train_speed run
-# (carry data/cache/kjv), after `source .devcache/install.sh` (Transformer Engine 2.20.2, ../README.md of
-# shared/device). The same command as docs/device-runs/2026-12-04/call6.sh; what changed is the code:
+# (carry data/cache/kjv), after `source .devcache/install.sh` (Transformer Engine 2.20.2 from a local wheel;
+# README.md of this folder). The same command as docs/device-runs/2026-12-04/call6.sh; what changed is the code:
 #   recipe                  attention.backend=auto: at head_dim 128 on sm_90 now the Gluon forward AND the Gluon
 #                           backward with ordered dQ (the dQ writer, the FP32 O by TMA store)
 #   backend=triton          the Triton kernel forward and backward
