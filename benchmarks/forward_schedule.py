@@ -2,8 +2,7 @@
 
     python -m benchmarks.forward_schedule [--shapes 8,12,1024,64 4,16,2048,128 4,16,4096,128] [--programs 132]
 
-Causal query blocks differ in length (block m of 128 rows reads m + 1 key tiles of 128; the kernel's tile is 192
-rows at head_dim 64, ``gluon_flash.forward_block_m``), so a schedule that fixes
+Causal query blocks differ in length (block m of 128 rows reads m + 1 key tiles of 128), so a schedule that fixes
 each program's share in advance (program i takes tiles i, i + programs, ...) leaves programs idle at the end; one
 that hands the next tile to whichever program finishes first (the kernel's tile counter) does not. This script
 replays both on a model: a tile costs its key tiles + 1 (the epilogue and the Q load), every program runs at the
@@ -24,6 +23,7 @@ import torch
 
 from kernels import gluon_flash
 
+BLOCK = gluon_flash.FWD_BLOCK_M  # query rows per tile (and keys per key tile: FWD_BLOCK_N is the same)
 
 
 def tile_order(pairs: int, n_m: int, section: int) -> list[tuple[int, int]]:
@@ -38,14 +38,13 @@ def tile_order(pairs: int, n_m: int, section: int) -> list[tuple[int, int]]:
     return order
 
 
-def tile_cost(block: int, block_m: int, seq: int) -> int:
-    """Query block ``block``'s key tiles up to the diagonal, plus one for the epilogue."""
-    return -(-min((block + 1) * block_m, seq) // gluon_flash.FWD_BLOCK_N) + 1
+def tile_cost(block: int) -> int:
+    return (block + 1) + 1  # the key tiles up to the diagonal, plus one for the epilogue
 
 
-def busiest_over_mean(order: list[tuple[int, int]], programs: int, dynamic: bool, block_m: int, seq: int) -> float:
+def busiest_over_mean(order: list[tuple[int, int]], programs: int, dynamic: bool) -> float:
     """The busiest program's work over the mean work per program, for the static share or the dynamic counter."""
-    costs = [tile_cost(block, block_m, seq) for block, _ in order]
+    costs = [tile_cost(block) for block, _ in order]
     if dynamic:  # the first tile of each program is its index; then whichever program is free takes the next
         finish = [(0, i) for i in range(programs)]
         for cost in costs:
@@ -82,12 +81,10 @@ def main(argv=None) -> int:
           "dynamic, sections |")
     print("|---|---|---|---|---|---|---|")
     for b, h, t, d in shapes:
-        block_m = gluon_flash.forward_block_m(d)
-        pairs, n_m = b * h, -(-t // block_m)
+        pairs, n_m = b * h, -(-t // BLOCK)
         width = section_width(b, h, t, d)
         every, sectioned = tile_order(pairs, n_m, pairs), tile_order(pairs, n_m, width)
-        cells = [busiest_over_mean(o, args.programs, dyn, block_m, t) for o in (every, sectioned)
-                 for dyn in (False, True)]
+        cells = [busiest_over_mean(o, args.programs, dyn) for o in (every, sectioned) for dyn in (False, True)]
         print(f"| {b},{h},{t},{d} | {pairs * n_m} | {width} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return 0
 

@@ -68,19 +68,11 @@ _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_op
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-# Tiles: 64 query rows per consumer warpgroup (a wgmma's rows) and 128 keys per tile, as FA3 and TLX on Hopper.
-FWD_ROWS = 64
+# Tiles: 128 query rows per CTA (64 per consumer warpgroup) and 128 keys per tile, as FA3 and TLX on Hopper.
+FWD_BLOCK_M = 128
 FWD_BLOCK_N = 128
-# Consumer warpgroups per CTA, per head_dim; a tile is FWD_ROWS x consumers query rows. Two at head_dim 128, where
-# each needs ~240 registers (a 64 x 128 FP32 accumulator and as many scores); three at head_dim 64, as FA3 (192-row
-# tiles), so that more of the short products and softmaxes are in flight on an SM.
-FWD_CONSUMERS = {64: 3, 128: 2}
 FWD_STAGES = {64: 3, 128: 2}  # K/V ring depth per head_dim: shared memory holds Q + 2 x stages x 128 x d bf16
-# By consumer count: registers per thread of a consumer warpgroup (setmaxnreg; the producer gets 24) and the
-# launch's per-thread budget (the consumers and the producer's warpgroup: 12 warps x 32 x 168 or 16 x 32 x 128 fit
-# the SM's 65,536 registers)
-FWD_CONSUMER_REGS = {2: 240, 3: 160}
-FWD_MAXNREG = {2: 168, 3: 128}
+FWD_CONSUMER_REGS = 240  # registers per thread of a consumer warpgroup (setmaxnreg); the producer gets 24
 FWD_PRODUCER_REGS = 24
 # The consumers issue their products in turns (FA3's scheduler barrier) when True; measured 1-2% slower than
 # letting the warp schedulers interleave them (device call 4, docs/attention-kernel.md), so off.
@@ -100,6 +92,7 @@ FWD_L2_SECTION_BYTES = 16 << 20
 # Timed on an H200 and an H100 (device run 2026-12-05-o32, calls 1 and 5): no difference beyond the timing noise;
 # kept because it halves the forward's global store instructions.
 FWD_O32_TMA = True
+MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,28 +140,28 @@ def _get_tile(slot, layout: gl.constexpr):
 @gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                   tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr, CONSUMERS: gl.constexpr):
-    """1 warp: for each tile of this CTA, each consumer's rows of Q (once it released its last ones), then the
-    tile's K and V tiles into the ring. K and V have their own release barriers (counting every consumer): a K
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr):
+    """1 warp: for each tile of this CTA, Q's two 64-row halves (once their consumer released the last ones), then
+    the tile's K and V tiles into the ring. K and V have their own release barriers (count 2: both consumers): a K
     stage is free once its Q K^T products ran, a step before its V stage, so K loads run further ahead.
     DYNAMIC: the first tile is the program's index, each next one is taken from TILE_COUNTER once this tile's last
     K/V load is issued (a few tiles before the consumers finish it); its index goes to each consumer in a shared
     slot with Q's ready barrier, and an index past the last tile (with a plain arrive) tells them to stop."""
-    ROWS: gl.constexpr = q_desc.block_type.shape[2]
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     kv_it = 0  # K/V tiles loaded so far: its stage and phase in the ring
     tile_it = 0
     t = gl.program_id(0)
     while t < n_work:
-        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, CONSUMERS * ROWS,
-                                                           BLOCK_N, CAUSAL)
-        for c in gl.static_range(CONSUMERS):
+        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
+                                                           CAUSAL)
+        for c in gl.static_range(2):
             mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)  # a fresh barrier counts as released
             if DYNAMIC:
                 _put_tile(tile_slots.index(c), t, one_warp)
                 _barrier()  # every lane's store precedes the elected lane's arrive (its release)
             mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [b, h, start_m + c * ROWS, 0], q_ready.index(c), q_smem.index(c))
+            _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(c), q_smem.index(c))
         for j in range(n_tiles):
             stage = kv_it % STAGES
             mbarrier.wait(k_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
@@ -184,7 +177,7 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_emp
         else:
             t += gl.num_programs(0)
     if DYNAMIC:
-        for c in gl.static_range(CONSUMERS):
+        for c in gl.static_range(2):
             mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)
             _put_tile(tile_slots.index(c), t, one_warp)
             _barrier()
@@ -211,33 +204,33 @@ def _fwd_softmax(scores, m_i, l_i, rows, col0, T, exp_scale, MASKED: gl.constexp
 
 
 @gluon.jit
-def _turn_wait(turns, ti, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong (FA3's warp-scheduler barrier): the consumers issue their matrix products in turns, so that one
-    warpgroup's softmax runs while another's products occupy the tensor cores. Consumer 0 goes first (a fresh
-    barrier counts as completed), each passes the turn to the next."""
+def _turn_wait(turns, ti, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (FA3's warp-scheduler barrier): the two consumers issue their matrix products in turns, so that one
+    warpgroup's softmax runs while the other's products occupy the tensor cores. Consumer 0 goes first (a fresh
+    barrier counts as completed)."""
     if PINGPONG:
-        mbarrier.wait(turns.index(CONSUMER), (ti & 1) ^ (1 if CONSUMER == 0 else 0))
+        mbarrier.wait(turns.index(HALF_INDEX), (ti & 1) ^ (1 - HALF_INDEX))
 
 
 @gluon.jit
-def _turn_pass(turns, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):
+def _turn_pass(turns, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turns.index((CONSUMER + 1) % CONSUMERS), count=1)
+        mbarrier.arrive(turns.index(1 - HALF_INDEX), count=1)
 
 
 @gluon.jit
 def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
                     exp_scale, lo, hi, MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
-                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER: gl.constexpr,
-                    CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, s_layout: gl.constexpr,
-                    o_layout: gl.constexpr, p_layout: gl.constexpr):
+                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HALF_INDEX: gl.constexpr,
+                    PINGPONG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                    p_layout: gl.constexpr):
     """Key tiles [lo, hi) (lo >= 1) of the pipelined loop, in FA3's order: tile j's Q K^T is issued, the
     accumulator is rescaled by tile j-1's alpha and tile j-1's PV issued (``p16``: P_bar of j-1, its A operand),
     and tile j's softmax follows (ptxas places the PV wait before its exponentials); P_bar of j goes into ``p16``
     after the PV product finished. Each step is acc = acc * alpha_j-1 + P_j-1 V_j-1, the plain loop's order.
     ``kv_it``: the ring position of tile j (tile j-1 sits one before it)."""
     dtype: gl.constexpr = k_smem.dtype
-    ROWS: gl.constexpr = q.shape[0]
+    HALF: gl.constexpr = q.shape[0]
     for j in range(lo, hi):
         stage = kv_it % STAGES
         prev = (kv_it - 1) % STAGES
@@ -245,12 +238,12 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
         mbarrier.wait(v_bars.index(prev), ((kv_it - 1) // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         v_prev = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-        _turn_wait(turns, ti, CONSUMER, PINGPONG)
-        s_tok = warpgroup_mma(q, k_t, gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False,
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
                               is_async=True)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
-        _turn_pass(turns, CONSUMER, CONSUMERS, PINGPONG)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
         scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T done; the PV product may still run
         mbarrier.arrive(k_empty.index(stage), count=1)
@@ -265,19 +258,16 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
 
 @gluon.jit
 def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
-                  tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work,
-                  SECTION, head_offset, exp_scale, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  FIX: gl.constexpr, STORE_O32: gl.constexpr, PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
-                  O32_TMA: gl.constexpr):
-    """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + ROWS * CONSUMER
-    + [0, ROWS) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
-    FP32 O. Causal key tiles wholly after its rows (a tile taller than a key tile has them for its first consumers)
-    are waited for and released, not computed (with PINGPONG every consumer computes every tile: the turns count
-    products). Q is released before the epilogue, so the producer loads the next tile's Q meanwhile. DYNAMIC: the
+                  tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
+                  exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr):
+    """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
+    + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
+    FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile. DYNAMIC: the
     tile's index comes from the producer's slot once Q is ready (``_fwd_producer``). O32_TMA: O32 is a TMA
-    descriptor and the FP32 O leaves through this consumer's buffer ``o32_smem.index(CONSUMER)``."""
-    ROWS: gl.constexpr = q_smem.shape[3]
+    descriptor and the FP32 O leaves through this consumer's buffer ``o32_smem.index(HALF_INDEX)``."""
+    HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -286,37 +276,34 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    q = q_smem.index(CONSUMER).reshape([ROWS, HEAD_DIM])
+    q = q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM])
     four_warps: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     kv_it = 0
     ti = 0
     tile_it = 0
     if DYNAMIC:
-        mbarrier.wait(q_ready.index(CONSUMER), 0)
-        t = _get_tile(tile_slots.index(CONSUMER), four_warps)
+        mbarrier.wait(q_ready.index(HALF_INDEX), 0)
+        t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
     else:
         t = gl.program_id(0)
     while t < n_work:
-        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, CONSUMERS * ROWS,
-                                                           BLOCK_N, CAUSAL)
-        n_mine = n_tiles
-        if CAUSAL and not PINGPONG:
-            n_mine = gl.cdiv(gl.minimum(start_m + (CONSUMER + 1) * ROWS, T), BLOCK_N)
-        rows = start_m + CONSUMER * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+        bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
+                                                           CAUSAL)
+        rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         if not DYNAMIC:
-            mbarrier.wait(q_ready.index(CONSUMER), tile_it & 1)
+            mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
 
         # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
         stage = kv_it % STAGES
         mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        _turn_wait(turns, ti, CONSUMER, PINGPONG)
-        s_tok = warpgroup_mma(q, k_t, gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False,
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
                               is_async=True)
-        _turn_pass(turns, CONSUMER, CONSUMERS, PINGPONG)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
         scores = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(stage), count=1)
@@ -327,30 +314,23 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         split = gl.maximum(n_full, 1)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
             acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
-            exp_scale, 1, split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, CONSUMER, CONSUMERS, PINGPONG, s_layout,
-            o_layout, p_layout)
+            exp_scale, 1,
+            split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout, p_layout)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
             acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
-            exp_scale, split, n_mine, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, CONSUMER, CONSUMERS, PINGPONG, s_layout,
-            o_layout, p_layout)
+            exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout,
+            p_layout)
         last = (kv_it - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((kv_it - 1) // STAGES) & 1)
         v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-        _turn_wait(turns, ti, CONSUMER, PINGPONG)
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         acc = warpgroup_mma(p16, v_last, acc, is_async=True)
-        _turn_pass(turns, CONSUMER, CONSUMERS, PINGPONG)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(last), count=1)
-        for j in range(n_mine, n_tiles):  # key tiles after these rows: released once loaded (the ring's order)
-            stage = kv_it % STAGES
-            mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            mbarrier.wait(v_bars.index(stage), (kv_it // STAGES) & 1)
-            mbarrier.arrive(v_empty.index(stage), count=1)
-            kv_it += 1
-        mbarrier.arrive(q_empty.index(CONSUMER), count=1)
+        mbarrier.arrive(q_empty.index(HALF_INDEX), count=1)
         tile_it += 1
 
         # epilogue: O = acc / l (one rounding), LSE in natural log, the FP32 O
@@ -367,20 +347,20 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
         if STORE_O32:
             if O32_TMA:
-                o32_buf = o32_smem.index(CONSUMER)
+                o32_buf = o32_smem.index(HALF_INDEX)
                 tma.store_wait(0)  # the previous tile's copy has read the buffer (the issuing thread waits)
                 _barrier()  # ... before any thread of the warpgroup writes it
-                o32_buf.reshape([ROWS, HEAD_DIM]).store(o)
+                o32_buf.reshape([HALF, HEAD_DIM]).store(o)
                 fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
                 _barrier()  # every thread's share is in before one thread issues the copy
-                _tma_store(O32, [b, h, start_m + CONSUMER * ROWS, 0], o32_buf)
+                _tma_store(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
             else:
                 gl.store(O32 + o_off, o, mask=row_ok)
         lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
         gl.store(LSE + bh * T + rows, lse, mask=rows < T)
         if DYNAMIC:
-            mbarrier.wait(q_ready.index(CONSUMER), tile_it & 1)
-            t = _get_tile(tile_slots.index(CONSUMER), four_warps)
+            mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
+            t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
         else:
             t += gl.num_programs(0)
     if STORE_O32 and O32_TMA:
@@ -391,79 +371,58 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
 def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_ob, stride_oh, stride_ot, H, GROUP,
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                PRODUCER_REGS: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
-    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. A tile is
-    CONSUMERS x ROWS query rows, ROWS (Q's TMA block) per consumer warpgroup (2 or 3). O32: the FP32 O's pointer,
-    or its TMA descriptor (blocks of ROWS rows) when O32_TMA."""
-    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "the forward runs 2 or 3 consumer warpgroups")
-    ROWS: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_M: gl.constexpr = CONSUMERS * ROWS
+    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
+    O's pointer, or its TMA descriptor (blocks of HALF rows) when O32_TMA."""
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = 2 * HALF
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(T, BLOCK_M)
     n_work = n_m * BH
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     if STORE_O32 and O32_TMA:  # one buffer per consumer
-        o32_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS] + O32.block_type.shape, O32.layout)
+        o32_smem = gl.allocate_shared_memory(gl.float32, [2] + O32.block_type.shape, O32.layout)
     else:
         o32_smem = q_smem  # unused
-    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    tile_slots = gl.allocate_shared_memory(gl.int32, [CONSUMERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_slots = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(CONSUMERS):
+    for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a stage
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a stage
+        mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
 
     # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
-    # into tensors; so each consumer's tuple is written out, and the partition list once per consumer count)
-    if CONSUMERS == 3:
-        gl.warp_specialize([
-            (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                             turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T,
-                             n_m, n_work, SECTION, head_offset, exp_scale, 0, 3, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                             FIX, STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
-            (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                             turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T,
-                             n_m, n_work, SECTION, head_offset, exp_scale, 1, 3, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                             FIX, STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
-            (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                             turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T,
-                             n_m, n_work, SECTION, head_offset, exp_scale, 2, 3, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                             FIX, STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
-            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars,
-                             k_empty, v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION,
-                             BLOCK_N, STAGES, CAUSAL, DYNAMIC, 3)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                             turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T,
-                             n_m, n_work, SECTION, head_offset, exp_scale, 0, 2, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                             FIX, STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
-            (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                             turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T,
-                             n_m, n_work, SECTION, head_offset, exp_scale, 1, 2, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                             FIX, STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
-            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars,
-                             k_empty, v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION,
-                             BLOCK_N, STAGES, CAUSAL, DYNAMIC, 2)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # into tensors)
+    gl.warp_specialize([
+        (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+                         turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
+                         n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+                         turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
+                         n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
+        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
+                         v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
+                         CAUSAL, DYNAMIC)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -478,7 +437,6 @@ BWD_ROWS_TMA = True  # LSE and delta rows come by TMA with Q and dO (where T * 4
 BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partition)
 BWD_STAGES = 2  # Q / dO ring depth
 BWD_PRODUCER_REGS = 24
-BWD_MAXNREG = 168  # the backward's per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 BWD_WRITER_REGS = 24  # the dQ writer warp: a TMA issue and the counter, few registers
 
 
@@ -827,37 +785,27 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     bsz, heads, seq, dim = q.shape
     out, lse, o32 = triton_flash._forward_outputs(q, nm.keeps_fp32_output, fill)
     keys = triton_flash._keys_arg(nm, noise_keys, bsz, q.device)
-    work = triton.cdiv(seq, forward_block_m(dim)) * bsz * heads
+    half = FWD_BLOCK_M // 2
+    work = triton.cdiv(seq, FWD_BLOCK_M) * bsz * heads
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
     dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
     o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output)
-    _fwd_kernel[grid](_rows_descriptor(q, FWD_ROWS), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
+    _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
                       out, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
-                      nm.exp_scale, **_fwd_options(dim, causal, nm.fix, nm.keeps_fp32_output, dynamic, o32_tma))
+                      nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
+                      FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
+                      O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
-
-
-def forward_block_m(head_dim: int) -> int:
-    """Query rows per tile of the forward at this head_dim (FWD_ROWS per consumer warpgroup)."""
-    return FWD_ROWS * FWD_CONSUMERS[head_dim]
-
-
-def _fwd_options(head_dim: int, causal: bool, fix: int, store_o32: bool, dynamic: bool, o32_tma: bool) -> dict:
-    """The forward's compile-time arguments (kernels.offline_compile compiles the launches with these too)."""
-    consumers = FWD_CONSUMERS[head_dim]
-    return dict(BLOCK_N=FWD_BLOCK_N, HEAD_DIM=head_dim, STAGES=FWD_STAGES[head_dim], CAUSAL=bool(causal), FIX=fix,
-                STORE_O32=store_o32, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma, CONSUMERS=consumers,
-                CONSUMER_REGS=FWD_CONSUMER_REGS[consumers], PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4,
-                maxnreg=FWD_MAXNREG[consumers])
 
 
 def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool):
     """(the forward's O32 argument, O32_TMA): a TMA descriptor of the FP32 O in blocks of one consumer's rows where
     FWD_O32_TMA and the mode keeps it, else the tensor itself (an empty one when the mode keeps none)."""
     if store_o32 and FWD_O32_TMA:
-        return _rows_descriptor(o32, FWD_ROWS), True
+        return _rows_descriptor(o32, FWD_BLOCK_M // 2), True
     return o32, False
 
 
@@ -892,7 +840,7 @@ def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool) -> dict:
     """The backward launch's compile-time options (kernels.offline_compile compiles the same ones)."""
     return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
                 DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
-                num_warps=8, maxnreg=BWD_MAXNREG)
+                num_warps=8, maxnreg=MAXNREG)
 
 
 # ----------------------------------------------------------------------------------------------------------------

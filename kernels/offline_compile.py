@@ -76,10 +76,13 @@ def configurations(quick: bool = False):
         counted = gf.FWD_DYNAMIC
         for fix, store_o32, dynamic in ((0, False, counted), (3, True, counted), (4, False, counted), (0, False, False)):
             o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32)
-            args = (gf._rows_descriptor(q, gf.FWD_ROWS), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
+            args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
-            kwargs = gf._fwd_options(dim, True, fix, store_o32, dynamic, o32_tma)
+            kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
+                          CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
+                          PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
             schedule = "" if dynamic == gf.FWD_DYNAMIC else (" dynamic" if dynamic else " static") + " schedule"
             out.append((f"forward d{dim} {fix_name}{schedule}", gf._fwd_kernel, args, kwargs))
