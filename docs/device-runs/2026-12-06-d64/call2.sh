@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Call 2 of 2026-12-06 (on the final commit of the session): the single-GPU test tier WITH Transformer Engine
-# (installed first: source .devcache/install.sh, see the README), five pytest processes
+# Call 2 of 2026-12-06 (on the final commit of the session): the single-GPU test tier, without Transformer Engine
+# (its install no longer fitted the session's device time: its FP8 tests skip), five pytest processes
 # side by side (a correctness tier: sharing the GPU changes its time, not its results): the Gluon kernel's file,
 # the Triton kernel's file in two halves (its tests in collection order, alternately), the trainer file, the plan
 # and layout files. Logs in $OUT.
