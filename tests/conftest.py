@@ -24,10 +24,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # The SLURM tests first: they mostly wait for SLURM's clock (a time limit, a requeue), so under xdist their
-    # file should run beside the CPU-bound ones from the start rather than alone at the end (a stable sort: the
-    # order inside each group stays)
-    items.sort(key=lambda item: "slurm" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
