@@ -15,14 +15,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def pytest_configure(config):
-    # Under pytest-xdist (`-n 2`, the README's test command) each worker is a process of its own: one torch thread
-    # each, so that two workers on two cores do not oversubscribe them. Subprocess runs set OMP_NUM_THREADS=1
-    # themselves (tests/runs.py).
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        torch.set_num_threads(1)
-
-
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
