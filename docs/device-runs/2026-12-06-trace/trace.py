@@ -1,0 +1,131 @@
+"""Where the Gluon forward's key-tile loop spends its time, from SM-clock stamps (device run 2026-12-06).
+
+    python docs/device-runs/2026-12-06-trace/make_trace_kernel.py      # writes gluon_trace.py (done before the call)
+    PYTHONPATH=. python docs/device-runs/2026-12-06-trace/trace.py run --out DIR [--shapes 4,16,4096,128 ...]
+    PYTHONPATH=. python docs/device-runs/2026-12-06-trace/trace.py show DIR/*.pt
+
+run: for each shape and variant (the kernel as it is; the consumers' ping-pong on), the forward's CUDA-graph GPU
+time with and without the stamps (what the stamps cost), then one stamped forward whose trace goes to DIR.
+show: per consumer and key tile, the clock cycles of each phase, and how the two consumers' matrix products
+overlap in time.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+POINTS = ("start", "K,V ready", "QK done", "softmax+PV done", "P converted")
+
+
+def run(args):
+    import triton
+
+    import gluon_trace as gt
+    from kernels import gluon_flash as gf
+    from kernels.modes import AttentionSettings
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for shape in args.shapes:
+        b, h, t, d = (int(x) for x in shape.split(","))
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+        nm = AttentionSettings(causal=True, fix="none").numerics(d, q.dtype)
+        programs = min(triton.cdiv(t, gf.FWD_BLOCK_M) * b * h, gf._programs(q.device, gf.FWD_PERSISTENT))
+        buf = torch.zeros(programs, 2, gt.MAX_IT.value, 5, dtype=torch.int64, device="cuda")
+        for pingpong in (False, True):
+            gt.FWD_PINGPONG = gf.FWD_PINGPONG = pingpong
+            name = f"{shape} pingpong={int(pingpong)}"
+            ref = gf._forward(q, k, v, True, nm)[0]
+            times = {}
+            for label, fn in (("plain", lambda: gf._forward(q, k, v, True, nm)),
+                              ("stamped", lambda: gt._forward(q, k, v, True, nm))):
+                gt.TRACE_BUF[0] = buf
+                times[label] = triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1e3
+            buf.zero_()
+            gt.TRACE_BUF[0] = buf
+            out = gt._forward(q, k, v, True, nm)[0]
+            torch.cuda.synchronize()
+            same = torch.equal(out, ref)
+            print(f"{name}: forward {times['plain']:.0f} us, stamped {times['stamped']:.0f} us; same O: {same}",
+                  flush=True)
+            torch.save({"shape": shape, "pingpong": pingpong, "trace": buf.cpu(), "times": times},
+                       args.out / f"trace_{shape.replace(',', 'x')}_pp{int(pingpong)}.pt")
+    gt.FWD_PINGPONG = gf.FWD_PINGPONG = False
+
+
+def forward(shape):
+    from kernels import gluon_flash as gf
+    from kernels.modes import AttentionSettings
+
+    b, h, t, d = (int(x) for x in shape.split(","))
+    q, k, v = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    nm = AttentionSettings(causal=True, fix="none").numerics(d, q.dtype)
+    for _ in range(3):
+        gf._forward(q, k, v, True, nm)
+    torch.cuda.synchronize()
+
+
+def show(paths):
+    for path in paths:
+        rec = torch.load(path)
+        tr = rec["trace"].double()  # (programs, 2, MAX_IT, 5)
+        done = tr[..., 4] > 0
+        print(f"\n== {rec['shape']} ping-pong {rec['pingpong']}: forward {rec['times']['plain']:.0f} us "
+              f"(stamped {rec['times']['stamped']:.0f})")
+        # phases per key tile (cycles): wait for K/V, Q K^T (from ready to done), softmax + PV, conversion, and the
+        # step from one tile's start to the next one's
+        phase = torch.stack([tr[..., i + 1] - tr[..., i] for i in range(4)], -1)
+        step = tr[:, :, 1:, 0] - tr[:, :, :-1, 0]
+        ok = done[..., :]
+        okstep = done[:, :, 1:] & done[:, :, :-1]
+        names = ("K/V wait", "issue+QK", "softmax+PV", "convert")
+        for i, n in enumerate(names):
+            x = phase[..., i][ok]
+            print(f"  {n:12s} median {x.median():7.0f}  p10 {x.quantile(0.1):7.0f}  p90 {x.quantile(0.9):7.0f}")
+        s = step[okstep]
+        s = s[s < s.median() * 3]  # leave out tile boundaries (epilogue, next Q)
+        print(f"  {'step':12s} median {s.median():7.0f}  p10 {s.quantile(0.1):7.0f}  p90 {s.quantile(0.9):7.0f}")
+        # relative phase of the two consumers: consumer 1's start minus consumer 0's, per key tile, as a fraction
+        # of the step (0: lockstep; 0.5: alternating)
+        both = done[:, 0] & done[:, 1]
+        lag = (tr[:, 1, :, 0] - tr[:, 0, :, 0])[both]
+        med = s.median()
+        frac = (lag / med).remainder(1.0)
+        frac = torch.minimum(frac, 1 - frac)
+        hist = torch.histc(frac, bins=5, min=0, max=0.5)
+        print(f"  consumer lag / step (0 = lockstep, 0.5 = alternating): median {frac.median():.2f}; "
+              f"histogram over [0, 0.5] in 5 bins: {hist.int().tolist()}")
+        # one program's first 12 key tiles, both consumers, relative to its first stamp
+        p = 0
+        t0 = tr[p, :, :, 0][done[p]].min()
+        for c in range(2):
+            rows = [" ".join(f"{int(v - t0):6d}" for v in tr[p, c, j]) for j in torch.nonzero(done[p, c])[:12, 0]]
+            print(f"  program 0 consumer {c} ({', '.join(POINTS)}):")
+            for r in rows:
+                print("    " + r)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--shapes", nargs="+", default=["4,16,4096,128", "8,12,1024,64"])
+    r.add_argument("--rep", type=int, default=40)
+    f = sub.add_parser("forward", help="three plain forwards at one shape (for Nsight Compute)")
+    f.add_argument("shape")
+    s = sub.add_parser("show")
+    s.add_argument("paths", nargs="+")
+    args = parser.parse_args()
+    if args.cmd == "run":
+        run(args)
+    elif args.cmd == "forward":
+        forward(args.shape)
+    else:
+        show(args.paths)
+
+
+if __name__ == "__main__":
+    main()
