@@ -4,7 +4,8 @@
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/trace.py run --out DIR [--shapes 4,16,4096,128 ...]
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/trace.py show DIR/*.pt
 
-run: for each shape and variant (the kernel as it is; the consumers' ping-pong on), the forward's CUDA-graph GPU
+run: for each shape and variant (VARIANTS: ptxas's PV wait, the PV wait held after the softmax, that with the
+consumers' ping-pong), the forward's CUDA-graph GPU
 time with and without the stamps (what the stamps cost), then one stamped forward whose trace goes to DIR.
 show: per consumer and key tile, the clock cycles of each phase, and how the two consumers' matrix products
 overlap in time.
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+VARIANTS = ((False, False), (False, True), (True, True))  # (ping-pong, PV wait held after the softmax)
 POINTS = ("start", "K,V ready", "QK done", "softmax+PV done", "P converted")
 
 
@@ -34,25 +36,26 @@ def run(args):
         nm = AttentionSettings(causal=True, fix="none").numerics(d, q.dtype)
         programs = min(triton.cdiv(t, gf.FWD_BLOCK_M) * b * h, gf._programs(q.device, gf.FWD_PERSISTENT))
         buf = torch.zeros(programs, 2, gt.MAX_IT.value, 5, dtype=torch.int64, device="cuda")
-        for pingpong in (False, True):
+        gt.FWD_PIN_PV_WAIT = gf.FWD_PIN_PV_WAIT = False
+        ref = gf._forward(q, k, v, True, nm)[0]
+        for pingpong, pin in VARIANTS:
             gt.FWD_PINGPONG = gf.FWD_PINGPONG = pingpong
-            name = f"{shape} pingpong={int(pingpong)}"
-            ref = gf._forward(q, k, v, True, nm)[0]
-            times = {}
-            for label, fn in (("plain", lambda: gf._forward(q, k, v, True, nm)),
-                              ("stamped", lambda: gt._forward(q, k, v, True, nm))):
-                gt.TRACE_BUF[0] = buf
-                times[label] = triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1e3
-            buf.zero_()
+            gt.FWD_PIN_PV_WAIT = gf.FWD_PIN_PV_WAIT = pin
+            name = f"{shape} pingpong={int(pingpong)} pin_pv_wait={int(pin)}"
             gt.TRACE_BUF[0] = buf
+            times = {label: triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1e3
+                     for label, fn in (("plain", lambda: gf._forward(q, k, v, True, nm)),
+                                       ("stamped", lambda: gt._forward(q, k, v, True, nm)))}
+            buf.zero_()
             out = gt._forward(q, k, v, True, nm)[0]
             torch.cuda.synchronize()
-            same = torch.equal(out, ref)
-            print(f"{name}: forward {times['plain']:.0f} us, stamped {times['stamped']:.0f} us; same O: {same}",
-                  flush=True)
-            torch.save({"shape": shape, "pingpong": pingpong, "trace": buf.cpu(), "times": times},
-                       args.out / f"trace_{shape.replace(',', 'x')}_pp{int(pingpong)}.pt")
+            same = torch.equal(out, ref) and torch.equal(gf._forward(q, k, v, True, nm)[0], ref)
+            print(f"{name}: forward {times['plain']:.0f} us, stamped {times['stamped']:.0f} us; O bit-equal to "
+                  f"the first variant's: {same}", flush=True)
+            torch.save({"shape": shape, "variant": name, "trace": buf.cpu(), "times": times},
+                       args.out / f"trace_{shape.replace(',', 'x')}_pp{int(pingpong)}_pin{int(pin)}.pt")
     gt.FWD_PINGPONG = gf.FWD_PINGPONG = False
+    gt.FWD_PIN_PV_WAIT = gf.FWD_PIN_PV_WAIT = True
 
 
 def forward(shape):
@@ -72,7 +75,7 @@ def show(paths):
         rec = torch.load(path)
         tr = rec["trace"].double()  # (programs, 2, MAX_IT, 5)
         done = tr[..., 4] > 0
-        print(f"\n== {rec['shape']} ping-pong {rec['pingpong']}: forward {rec['times']['plain']:.0f} us "
+        print(f"\n== {rec['variant']}: forward {rec['times']['plain']:.0f} us "
               f"(stamped {rec['times']['stamped']:.0f})")
         # phases per key tile (cycles): wait for K/V, Q K^T (from ready to done), softmax + PV, conversion, and the
         # step from one tile's start to the next one's
