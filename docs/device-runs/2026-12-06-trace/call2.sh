@@ -5,6 +5,7 @@
 # (3) GPU time of the held wait against ptxas's, both dQ orders, next to SDPA cuDNN. Logs in $OUT.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 D=docs/device-runs/2026-12-06-trace
+python3 $D/make_trace_kernel.py  # gluon_trace.py: the stamped copy of this tree's kernels/gluon_flash.py
 { nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader; sha256sum kernels/gluon_flash.py $D/gluon_trace.py; } | tee $OUT/call2_machine.txt
 timeout 240 python3 $D/probe.py check --deterministic > $OUT/call2_check_det.log 2>&1 &
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/gpu/test_attention_gluon_gpu.py > $OUT/call2_gpu_gluon.log 2>&1 &
