@@ -77,11 +77,6 @@ FWD_PRODUCER_REGS = 24
 # The consumers issue their products in turns (FA3's scheduler barrier) when True; measured 1-2% slower than
 # letting the warp schedulers interleave them (device call 4, docs/attention-kernel.md), so off.
 FWD_PINGPONG = False
-# Hold the wait for a tile's PV product until the tile's softmax is done (``_wait_after_softmax``), so that the
-# exponentials run while the product does (FA3's overlap inside a warpgroup); False: ptxas's placement, which waits
-# before the exponentials. Timed 2026-12-03 on an H200 (no gain then) and again after the tile schedule changed
-# (docs/attention-kernel.md, Speed, 2026-12-06).
-FWD_PIN_PV_WAIT = True
 FWD_PERSISTENT = 1  # programs per SM of the persistent forward (0: one program per tile)
 # The persistent forward's programs take their next tile from a global counter as they finish (dynamic) instead of
 # every programs-th tile (static): the causal tiles differ in length, and a fixed share leaves programs idle at the
@@ -209,21 +204,6 @@ def _fwd_softmax(scores, m_i, l_i, rows, col0, T, exp_scale, MASKED: gl.constexp
 
 
 @gluon.jit
-def _wait_after_softmax(l_i):
-    """Wait for the running PV product, but not before the tile's row sum ``l_i`` exists.
-
-    ptxas schedules a ``wgmma.wait_group`` as early as it may and a wait has no operands to hold it back: the plain
-    wait lands right after the row maximum, before the exponentials (docs/attention-kernel.md). This copy is
-    predicated on a test of the row sum that is always true (a sum of exponentials is >= 0 or NaN, never -1), so it
-    cannot issue before the last exponential; the plain wait after it stays behind it and remains the one ptxas's
-    analysis of the asynchronous products sees (with the predicated wait alone ptxas serialises every product of
-    the loop, its message C7514). Results do not depend on the predicate: the plain wait always runs."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.neu.f32 p, $1, 0fBF800000; @p wgmma.wait_group.sync.aligned 0; mov.b32 $0, $1; }",
-        "=r,f", [l_i], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _turn_wait(turns, ti, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong (FA3's warp-scheduler barrier): the two consumers issue their matrix products in turns, so that one
     warpgroup's softmax runs while the other's products occupy the tensor cores. Consumer 0 goes first (a fresh
@@ -242,8 +222,8 @@ def _turn_pass(turns, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr):
 def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
                     exp_scale, lo, hi, MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HALF_INDEX: gl.constexpr,
-                    PINGPONG: gl.constexpr, PIN_PV_WAIT: gl.constexpr, s_layout: gl.constexpr,
-                    o_layout: gl.constexpr, p_layout: gl.constexpr):
+                    PINGPONG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                    p_layout: gl.constexpr):
     """Key tiles [lo, hi) (lo >= 1) of the pipelined loop, in FA3's order: tile j's Q K^T is issued, the
     accumulator is rescaled by tile j-1's alpha and tile j-1's PV issued (``p16``: P_bar of j-1, its A operand),
     and tile j's softmax follows (ptxas places the PV wait before its exponentials); P_bar of j goes into ``p16``
@@ -269,8 +249,6 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
         mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, j * BLOCK_N, T, exp_scale, MASKED, CAUSAL,
                                           BLOCK_N, s_layout)
-        if PIN_PV_WAIT:
-            _wait_after_softmax(l_i)
         acc, p = warpgroup_mma_wait(0, deps=(acc, p))
         mbarrier.arrive(v_empty.index(prev), count=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
@@ -283,7 +261,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
                   tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, PIN_PV_WAIT: gl.constexpr):
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile. DYNAMIC: the
@@ -337,12 +315,11 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
             acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
             exp_scale, 1,
-            split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, PIN_PV_WAIT, s_layout, o_layout,
-            p_layout)
+            split, False, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout, p_layout)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
             acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, turns, rows, T,
-            exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, PIN_PV_WAIT,
-            s_layout, o_layout, p_layout)
+            exp_scale, split, n_tiles, True, CAUSAL, BLOCK_N, HEAD_DIM, STAGES, HALF_INDEX, PINGPONG, s_layout, o_layout,
+            p_layout)
         last = (kv_it - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((kv_it - 1) // STAGES) & 1)
         v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
@@ -394,8 +371,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
 def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_ob, stride_oh, stride_ot, H, GROUP,
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, PIN_PV_WAIT: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr,
+                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 PRODUCER_REGS: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
@@ -438,11 +414,11 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, PIN_PV_WAIT)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, PIN_PV_WAIT)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC)),
@@ -820,7 +796,6 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      PIN_PV_WAIT=FWD_PIN_PV_WAIT,
                       O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32

@@ -81,7 +81,6 @@ def configurations(quick: bool = False):
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
                           STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
-                          PIN_PV_WAIT=gf.FWD_PIN_PV_WAIT,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
