@@ -91,7 +91,14 @@ FWD_L2_SECTION_BYTES = 16 << 20
 # per consumer at head_dim 128), so the next tile starts while the copy runs; False: plain stores from registers.
 # Timed on an H200 and an H100 (device run 2026-12-05-o32, calls 1 and 5): no difference beyond the timing noise;
 # kept because it halves the forward's global store instructions.
-FWD_O32_TMA = True
+# Per head_dim: at 128 the second Q slot (FWD_Q_SLOTS) takes the shared memory the two FP32 buffers would need
+# (Q 64 KiB + K/V 128 KiB + 64 KiB > 227 KiB), so the FP32 O leaves by plain stores there.
+FWD_O32_TMA = {64: True, 128: False}
+# Q slots per consumer: with 2, the producer loads the next tile's Q while this tile runs (its slot was released at
+# the end of the tile before), instead of after this tile's last product; 1: one slot, the load waits for it. The
+# 2026-12-06 clock trace (docs/device-runs/2026-12-06-trace) showed ~8,600 cycles between the last key tile of one
+# query tile and the second of the next at (8,12,1024,64), ~3.7 key-tile steps.
+FWD_Q_SLOTS = 2
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
@@ -140,8 +147,9 @@ def _get_tile(slot, layout: gl.constexpr):
 @gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                   tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr):
-    """1 warp: for each tile of this CTA, Q's two 64-row halves (once their consumer released the last ones), then
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr, Q_SLOTS: gl.constexpr):
+    """1 warp: for each tile of this CTA, Q's two 64-row halves into the tile's Q slot (tile number % Q_SLOTS, once
+    its consumer released the tile that used it before), then
     the tile's K and V tiles into the ring. K and V have their own release barriers (count 2: both consumers): a K
     stage is free once its Q K^T products ran, a step before its V stage, so K loads run further ahead.
     DYNAMIC: the first tile is the program's index, each next one is taken from TILE_COUNTER once this tile's last
@@ -155,13 +163,15 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_emp
     while t < n_work:
         bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
                                                            CAUSAL)
+        slot = (tile_it % Q_SLOTS) * 2
+        q_phase = (tile_it // Q_SLOTS) & 1
         for c in gl.static_range(2):
-            mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)  # a fresh barrier counts as released
+            mbarrier.wait(q_empty.index(slot + c), q_phase ^ 1)  # a fresh barrier counts as released
             if DYNAMIC:
-                _put_tile(tile_slots.index(c), t, one_warp)
+                _put_tile(tile_slots.index(slot + c), t, one_warp)
                 _barrier()  # every lane's store precedes the elected lane's arrive (its release)
-            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(c), q_smem.index(c))
+            mbarrier.expect(q_ready.index(slot + c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(slot + c), q_smem.index(slot + c))
         for j in range(n_tiles):
             stage = kv_it % STAGES
             mbarrier.wait(k_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
@@ -177,11 +187,12 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_emp
         else:
             t += gl.num_programs(0)
     if DYNAMIC:
+        slot = (tile_it % Q_SLOTS) * 2
         for c in gl.static_range(2):
-            mbarrier.wait(q_empty.index(c), (tile_it & 1) ^ 1)
-            _put_tile(tile_slots.index(c), t, one_warp)
+            mbarrier.wait(q_empty.index(slot + c), ((tile_it // Q_SLOTS) & 1) ^ 1)
+            _put_tile(tile_slots.index(slot + c), t, one_warp)
             _barrier()
-            mbarrier.arrive(q_ready.index(c), count=1)
+            mbarrier.arrive(q_ready.index(slot + c), count=1)
 
 
 @gluon.jit
@@ -261,10 +272,11 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
                   tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr):
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
-    FP32 O. Q is released before the epilogue, so the producer loads the next tile's Q meanwhile. DYNAMIC: the
+    FP32 O. The tile's Q slot is released before the epilogue; with two slots the producer loaded this tile's Q
+    while the last one ran. DYNAMIC: the
     tile's index comes from the producer's slot once Q is ready (``_fwd_producer``). O32_TMA: O32 is a TMA
     descriptor and the FP32 O leaves through this consumer's buffer ``o32_smem.index(HALF_INDEX)``."""
     HALF: gl.constexpr = q_smem.shape[3]
@@ -276,7 +288,6 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    q = q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM])
     four_warps: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     kv_it = 0
     ti = 0
@@ -293,8 +304,10 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        q_slot = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
         if not DYNAMIC:
-            mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
+            mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
+        q = q_smem.index(q_slot).reshape([HALF, HEAD_DIM])
 
         # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
         stage = kv_it % STAGES
@@ -330,7 +343,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         ti += 1
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(last), count=1)
-        mbarrier.arrive(q_empty.index(HALF_INDEX), count=1)
+        mbarrier.arrive(q_empty.index(q_slot), count=1)
         tile_it += 1
 
         # epilogue: O = acc / l (one rounding), LSE in natural log, the FP32 O
@@ -359,8 +372,9 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
         gl.store(LSE + bh * T + rows, lse, mask=rows < T)
         if DYNAMIC:
-            mbarrier.wait(q_ready.index(HALF_INDEX), tile_it & 1)
-            t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
+            q_next = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
+            mbarrier.wait(q_ready.index(q_next), (tile_it // Q_SLOTS) & 1)
+            t = _get_tile(tile_slots.index(q_next), four_warps)
         else:
             t += gl.num_programs(0)
     if STORE_O32 and O32_TMA:
@@ -371,8 +385,8 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
 def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_ob, stride_oh, stride_ot, H, GROUP,
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                PRODUCER_REGS: gl.constexpr):
+                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
+                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
     programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
@@ -382,24 +396,25 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(T, BLOCK_M)
     n_work = n_m * BH
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2 * Q_SLOTS] + q_desc.block_type.shape, q_desc.layout)  # slot, half
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     if STORE_O32 and O32_TMA:  # one buffer per consumer
         o32_smem = gl.allocate_shared_memory(gl.float32, [2] + O32.block_type.shape, O32.layout)
     else:
         o32_smem = q_smem  # unused
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2 * Q_SLOTS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2 * Q_SLOTS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    tile_slots = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_slots = gl.allocate_shared_memory(gl.int32, [2 * Q_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(2 * Q_SLOTS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
+    for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
@@ -414,14 +429,14 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS)),
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
-                         CAUSAL, DYNAMIC)),
+                         CAUSAL, DYNAMIC, Q_SLOTS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -790,21 +805,21 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
     dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
-    o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output)
+    o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output, dim)
     _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
                       out, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      Q_SLOTS=FWD_Q_SLOTS, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 
 
-def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool):
+def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool, head_dim: int):
     """(the forward's O32 argument, O32_TMA): a TMA descriptor of the FP32 O in blocks of one consumer's rows where
     FWD_O32_TMA and the mode keeps it, else the tensor itself (an empty one when the mode keeps none)."""
-    if store_o32 and FWD_O32_TMA:
+    if store_o32 and FWD_O32_TMA[head_dim]:
         return _rows_descriptor(o32, FWD_BLOCK_M // 2), True
     return o32, False
 

@@ -54,8 +54,8 @@ def compile_for_target(fn, args: tuple, kwargs: dict, target=None):
     return triton.compile(Source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
-QUICK = ("forward d128 fp32_output", "forward d64 stochastic_output", "forward d128 none static schedule",
-         "backward d128 deterministic", "backward d64 atomic dQ")
+QUICK = ("forward d128 fp32_output", "forward d64 fp32_output", "forward d64 stochastic_output",
+         "forward d128 none static schedule", "backward d128 deterministic", "backward d64 atomic dQ")
 
 
 def configurations(quick: bool = False):
@@ -75,12 +75,13 @@ def configurations(quick: bool = False):
         # also with the static one (a launch with a program per tile: short sequences, small batches)
         counted = gf.FWD_DYNAMIC
         for fix, store_o32, dynamic in ((0, False, counted), (3, True, counted), (4, False, counted), (0, False, False)):
-            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32)
+            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim)
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
                           STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
+                          Q_SLOTS=gf.FWD_Q_SLOTS,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]

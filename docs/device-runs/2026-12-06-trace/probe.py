@@ -1,6 +1,6 @@
-"""Device probe of kernels/gluon_flash.py, 2026-12-06 (trace session): the forward's PV wait held after the softmax
-(``FWD_PIN_PV_WAIT``, the default now) against ptxas's placement ("gluon ptxas-wait"), both against the Triton
-kernel and SDPA cuDNN, in one run. Copied from docs/device-runs/2026-12-06-d64/probe.py; VARIANTS set module
+"""Device probe of kernels/gluon_flash.py, 2026-12-06 (trace session). Call 2: the forward's PV wait held after
+the softmax (``FWD_PIN_PV_WAIT``, removed after it) against ptxas's placement ("gluon ptxas-wait"); call 3: two Q
+slots per consumer (``FWD_Q_SLOTS``) against one ("gluon 1 Q slot"); each next to SDPA cuDNN, in one run. Copied from docs/device-runs/2026-12-06-d64/probe.py; VARIANTS set module
 attributes of kernels.gluon_flash.
 
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/probe.py check [--deterministic]
@@ -99,7 +99,8 @@ def check(deterministic: bool) -> int:
 
 VARIANTS = {  # name -> kernels.gluon_flash attributes set while timing (the default is the file's)
     "gluon": {},
-    "gluon ptxas-wait": {"FWD_PIN_PV_WAIT": False},  # the PV wait where ptxas puts it (before this session)
+    # call 2 (commit of the held PV wait): "gluon ptxas-wait": {"FWD_PIN_PV_WAIT": False}
+    "gluon 1 Q slot": {"FWD_Q_SLOTS": 1, "FWD_O32_TMA": {64: True, 128: True}},  # the forward before call 3
 }
 
 
