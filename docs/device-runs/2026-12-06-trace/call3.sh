@@ -10,7 +10,7 @@ L=/tmp/call3; mkdir -p $L
 { nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader; sha256sum kernels/*.py; } > $L/call3_machine.txt
 head -1 $L/call3_machine.txt
 timeout 160 python3 $D/probe.py time --rep 30 --shapes 8,12,1024,64 4,16,2048,128 4,16,4096,128 --only gluon 2>&1 \
-  | grep -v Warning | tee $L/call3_time.log
+  | grep -v Warning | tee $L/call3_time.log $OUT/call3_time.log
 P="python3 -m pytest -q -p no:cacheprovider -rs --tb=short"
 timeout 200 python3 $D/probe.py check --deterministic > $L/call3_check_det.log 2>&1 &
 timeout 200 $P tests/gpu/test_attention_gluon_gpu.py > $L/call3_tier_gluon.log 2>&1 &
