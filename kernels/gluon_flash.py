@@ -91,14 +91,15 @@ FWD_L2_SECTION_BYTES = 16 << 20
 # per consumer at head_dim 128), so the next tile starts while the copy runs; False: plain stores from registers.
 # Timed on an H200 and an H100 (device run 2026-12-05-o32, calls 1 and 5): no difference beyond the timing noise;
 # kept because it halves the forward's global store instructions.
-# Per head_dim: at 128 the second Q slot (FWD_Q_SLOTS) takes the shared memory the two FP32 buffers would need
-# (Q 64 KiB + K/V 128 KiB + 64 KiB > 227 KiB), so the FP32 O leaves by plain stores there.
-FWD_O32_TMA = {64: True, 128: False}
-# Q slots per consumer: with 2, the producer loads the next tile's Q while this tile runs (its slot was released at
-# the end of the tile before), instead of after this tile's last product; 1: one slot, the load waits for it. The
-# 2026-12-06 clock trace (docs/device-runs/2026-12-06-trace) showed ~8,600 cycles between the last key tile of one
-# query tile and the second of the next at (8,12,1024,64), ~3.7 key-tile steps.
-FWD_Q_SLOTS = 2
+# (where shared memory allows: `_fwd_o32_arg`)
+FWD_O32_TMA = True
+# Q slots per consumer. With 2 the producer loads the next tile's Q while this tile runs (into the slot released at
+# the end of the tile before) instead of after this tile's last product. The 2026-12-06 clock trace
+# (docs/device-runs/2026-12-06-trace) showed ~8,600 cycles from the last key tile of one query tile to the second of
+# the next at (8,12,1024,64), where a key tile takes ~2,300. Built and compiled for sm_90 (`kernels.offline_compile`
+# compiles both); not yet run on a GPU (no device time was left), so the default stays the measured single slot.
+FWD_Q_SLOTS = 1
+SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
 
@@ -414,8 +415,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     for i in gl.static_range(2 * Q_SLOTS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
+        if i < 2:
+            mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
@@ -818,8 +819,12 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
 
 def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool, head_dim: int):
     """(the forward's O32 argument, O32_TMA): a TMA descriptor of the FP32 O in blocks of one consumer's rows where
-    FWD_O32_TMA and the mode keeps it, else the tensor itself (an empty one when the mode keeps none)."""
-    if store_o32 and FWD_O32_TMA[head_dim]:
+    FWD_O32_TMA, the mode keeps it and the two FP32 buffers fit in shared memory beside Q's slots and the K/V ring
+    (not at head_dim 128 with two Q slots), else the tensor itself (an empty one when the mode keeps none)."""
+    half = FWD_BLOCK_M // 2
+    tiles = 2 * FWD_Q_SLOTS * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
+    fits = tiles + 2 * half * head_dim * 4 + 1024 <= SHARED_MEMORY_BYTES  # 1 KiB: barriers and alignment
+    if store_o32 and FWD_O32_TMA and fits:
         return _rows_descriptor(o32, FWD_BLOCK_M // 2), True
     return o32, False
 

@@ -8,7 +8,7 @@ instruction mix (wgmma, TMA copies, register reallocation, spills) before spendi
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
-static schedule, backward with both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code
+static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``), backward with both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code
 path, what CI compiles) with its PTX instruction counts; exit status 1 if one does not compile. For each forward it
 also reads the machine code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight (between the wait for Q K^T and the wait
 for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax overlaps the product. Each
@@ -54,8 +54,8 @@ def compile_for_target(fn, args: tuple, kwargs: dict, target=None):
     return triton.compile(Source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
-QUICK = ("forward d128 fp32_output", "forward d64 fp32_output", "forward d64 stochastic_output",
-         "forward d128 none static schedule", "backward d128 deterministic", "backward d64 atomic dQ")
+QUICK = ("forward d128 fp32_output", "forward d64 stochastic_output", "forward d128 none static schedule",
+         "backward d128 deterministic", "backward d64 atomic dQ")
 
 
 def configurations(quick: bool = False):
@@ -74,19 +74,26 @@ def configurations(quick: bool = False):
         # none, fp32_output, stochastic_output with the schedule a long sequence gets (the tile counter); fix none
         # also with the static one (a launch with a program per tile: short sequences, small batches)
         counted = gf.FWD_DYNAMIC
-        for fix, store_o32, dynamic in ((0, False, counted), (3, True, counted), (4, False, counted), (0, False, False)):
+        # and fp32_output with the other Q-slot count (FWD_Q_SLOTS: 1 or 2), built but not the default
+        slots, other = gf.FWD_Q_SLOTS, 3 - gf.FWD_Q_SLOTS
+        variants = ((0, False, counted, slots), (3, True, counted, slots), (4, False, counted, slots),
+                    (0, False, False, slots), (3, True, counted, other))
+        for fix, store_o32, dynamic, q_slots in variants:
+            saved, gf.FWD_Q_SLOTS = gf.FWD_Q_SLOTS, q_slots
             o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim)
+            gf.FWD_Q_SLOTS = saved
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
                           STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
-                          Q_SLOTS=gf.FWD_Q_SLOTS,
+                          Q_SLOTS=q_slots,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
             schedule = "" if dynamic == gf.FWD_DYNAMIC else (" dynamic" if dynamic else " static") + " schedule"
-            out.append((f"forward d{dim} {fix_name}{schedule}", gf._fwd_kernel, args, kwargs))
+            slots = "" if q_slots == gf.FWD_Q_SLOTS else f" {q_slots} Q slots"
+            out.append((f"forward d{dim} {fix_name}{schedule}{slots}", gf._fwd_kernel, args, kwargs))
         block_m = gf.BWD_BLOCK_M[dim]
         dq32 = torch.empty(b, h, t, dim)
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)

@@ -16,7 +16,7 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAILED"))]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert len(lines) == 6 and all(line.startswith("ok") for line in lines), proc.stdout
+    assert len(lines) == 5 and all(line.startswith("ok") for line in lines), proc.stdout
     for name in ("forward_d128_fp32_output", "backward_d128_deterministic"):
         ptx = (tmp_path / f"{name}.ptx").read_text()
         # what makes them Hopper kernels: asynchronous warpgroup MMAs, TMA copies, per-partition register budgets
@@ -28,23 +28,20 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
         assert "cp.reduce.async.bulk.tensor" in ptx and "add.bulk_group" in ptx, name
         assert not re.search(r"(red|atom)\.global\S*f32", ptx), name
     assert "cp.async.bulk.wait_group 0;" in (tmp_path / "backward_d128_deterministic.ptx").read_text()
-    # at head_dim 64 the FP32 O of fix=fp32_output leaves by TMA store from shared memory (FWD_O32_TMA), and no
-    # thread writes it to global memory itself: the forward's only plain global stores are O and LSE, as with
-    # stochastic_output (with plain stores it has more, as at head_dim 128, where Q's second slot takes the space)
-    fwd_o32 = (tmp_path / "forward_d64_fp32_output.ptx").read_text()
-    fwd_sr = (tmp_path / "forward_d64_stochastic_output.ptx").read_text()
-    fwd_o32_plain = (tmp_path / "forward_d128_fp32_output.ptx").read_text()
+    # the FP32 O of fix=fp32_output leaves by TMA store from shared memory (FWD_O32_TMA), and no thread writes it
+    # to global memory itself: the forward's only plain global stores are O and LSE (bf16 and FP32 scalars)
+    # (with plain stores it had 132 st.global against fix none's 68)
+    fwd_o32 = (tmp_path / "forward_d128_fp32_output.ptx").read_text()
     fwd_none = (tmp_path / "forward_d128_none_static_schedule.ptx").read_text()
     assert "cp.async.bulk.tensor.4d.global.shared::cta" in fwd_o32
-    assert "cp.async.bulk.tensor.4d.global.shared::cta" not in fwd_sr
-    assert fwd_o32.count("st.global") == fwd_sr.count("st.global")
-    assert fwd_o32_plain.count("st.global") > fwd_none.count("st.global")
+    assert "cp.async.bulk.tensor.4d.global.shared::cta" not in fwd_none
+    assert fwd_o32.count("st.global") == fwd_none.count("st.global")
     # the dynamic schedule takes tiles from the global counter, the static one does not
     assert "atom.global" in (tmp_path / "forward_d128_fp32_output.ptx").read_text()
     assert "atom.global" not in (tmp_path / "forward_d128_none_static_schedule.ptx").read_text()
     # the forwards' machine code was disassembled and read (the diagnostic line is there for every pipelined loop)
     forwards = [line for line in lines if line.split()[1:2] == ["forward"]]
-    assert len(forwards) == 4, lines  # three with the tile counter, one with the static schedule
+    assert len(forwards) == 3, lines  # two with the tile counter, one with the static schedule
     for line in forwards:
         found = re.search(r"exponentials under a PV product: min (\d+) over (\d+) loops", line)
         assert found and int(found.group(2)) >= 2, line

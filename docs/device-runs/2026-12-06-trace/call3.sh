@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Call 3 of 2026-12-06 (trace), ~300 s of device time left: two Q slots per consumer in the Gluon forward
-# (FWD_Q_SLOTS = 2: the next tile's Q loads while this tile runs; the FP32 O by plain stores at head_dim 128).
-# (1) same bits as one slot (same_bits.py); (2) GPU time against one slot (the forward before), next to SDPA cuDNN;
+# Call 3 of 2026-12-06 (trace), prepared and NOT run (the session's device time ran out): two Q slots per consumer
+# in the Gluon forward (FWD_Q_SLOTS = 2, probe variant "gluon 2 Q slots": the next tile's Q loads while this tile
+# runs; the FP32 O by plain stores at head_dim 128, where the second slot takes the buffers' shared memory).
+# (1) same bits as one slot (same_bits.py); (2) GPU time against one slot (the default), next to SDPA cuDNN;
 # (3) the Gluon GPU test file, in what time is left. Logs in $OUT.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 D=docs/device-runs/2026-12-06-trace

@@ -1,7 +1,8 @@
 """Device probe of kernels/gluon_flash.py, 2026-12-06 (trace session). Call 2: the forward's PV wait held after
-the softmax (``FWD_PIN_PV_WAIT``, removed after it) against ptxas's placement ("gluon ptxas-wait"); call 3: two Q
-slots per consumer (``FWD_Q_SLOTS``) against one ("gluon 1 Q slot"); each next to SDPA cuDNN, in one run. Copied from docs/device-runs/2026-12-06-d64/probe.py; VARIANTS set module
-attributes of kernels.gluon_flash.
+the softmax (``FWD_PIN_PV_WAIT``, removed after it) against ptxas's placement ("gluon ptxas-wait"); call 3
+(prepared, not run): two Q slots per consumer ("gluon 2 Q slots", ``FWD_Q_SLOTS = 2``) against one; each next to
+SDPA cuDNN, in one run. Copied from docs/device-runs/2026-12-06-d64/probe.py; VARIANTS set module attributes of
+kernels.gluon_flash.
 
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/probe.py check [--deterministic]
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/probe.py time [--shapes 8,12,1024,64 ...]
@@ -100,7 +101,7 @@ def check(deterministic: bool) -> int:
 VARIANTS = {  # name -> kernels.gluon_flash attributes set while timing (the default is the file's)
     "gluon": {},
     # call 2 (commit of the held PV wait): "gluon ptxas-wait": {"FWD_PIN_PV_WAIT": False}
-    "gluon 1 Q slot": {"FWD_Q_SLOTS": 1, "FWD_O32_TMA": {64: True, 128: True}},  # the forward before call 3
+    "gluon 2 Q slots": {"FWD_Q_SLOTS": 2},  # built for call 3 (not run: no device time left); default 1
 }
 
 

@@ -7,6 +7,8 @@
 run: for each shape and variant (VARIANTS: ptxas's PV wait, the PV wait held after the softmax, that with the
 consumers' ping-pong), the forward's CUDA-graph GPU
 time with and without the stamps (what the stamps cost), then one stamped forward whose trace goes to DIR.
+Call 2 ran it on commit 49345bb, whose kernel had FWD_PIN_PV_WAIT; on later commits (the held wait removed) its
+pin variants set an attribute nothing reads and run the same kernel.
 show: per consumer and key tile, the clock cycles of each phase, and how the two consumers' matrix products
 overlap in time.
 """
