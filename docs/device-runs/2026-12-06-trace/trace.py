@@ -4,13 +4,12 @@
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/trace.py run --out DIR [--shapes 4,16,4096,128 ...]
     PYTHONPATH=. python docs/device-runs/2026-12-06-trace/trace.py show DIR/*.pt
 
-run: for each shape and variant (VARIANTS: ptxas's PV wait, the PV wait held after the softmax, that with the
-consumers' ping-pong), the forward's CUDA-graph GPU
-time with and without the stamps (what the stamps cost), then one stamped forward whose trace goes to DIR.
-Call 2 ran it on commit 49345bb, whose kernel had FWD_PIN_PV_WAIT; on later commits (the held wait removed) its
-pin variants set an attribute nothing reads and run the same kernel.
-show: per consumer and key tile, the clock cycles of each phase, and how the two consumers' matrix products
-overlap in time.
+run: for each shape and variant (VARIANTS: module attributes of kernels.gluon_flash, set in the stamped copy too),
+the forward's CUDA-graph GPU time with and without the stamps (what the stamps cost), then one stamped forward
+whose trace goes to DIR. Calls 1-2 ran it with the variants (ping-pong, PV wait held) of commit 49345bb: ptxas's
+wait, the held wait, the held wait with ping-pong (`call2_run.log`); the variants now are those of call 3.
+show: per consumer and key tile, the clock cycles of each phase, the step from one key tile to the next, the
+steps that cross a query-tile boundary, and the lag between the two consumers.
 """
 import argparse
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-VARIANTS = ((False, False), (False, True), (True, True))  # (ping-pong, PV wait held after the softmax)
+VARIANTS = {"1 Q slot": {"FWD_Q_SLOTS": 1}, "2 Q slots": {"FWD_Q_SLOTS": 2}}
 POINTS = ("start", "K,V ready", "QK done", "softmax+PV done", "P converted")
 
 
@@ -38,12 +37,13 @@ def run(args):
         nm = AttentionSettings(causal=True, fix="none").numerics(d, q.dtype)
         programs = min(triton.cdiv(t, gf.FWD_BLOCK_M) * b * h, gf._programs(q.device, gf.FWD_PERSISTENT))
         buf = torch.zeros(programs, 2, gt.MAX_IT.value, 5, dtype=torch.int64, device="cuda")
-        gt.FWD_PIN_PV_WAIT = gf.FWD_PIN_PV_WAIT = False
         ref = gf._forward(q, k, v, True, nm)[0]
-        for pingpong, pin in VARIANTS:
-            gt.FWD_PINGPONG = gf.FWD_PINGPONG = pingpong
-            gt.FWD_PIN_PV_WAIT = gf.FWD_PIN_PV_WAIT = pin
-            name = f"{shape} pingpong={int(pingpong)} pin_pv_wait={int(pin)}"
+        for variant, values in VARIANTS.items():
+            saved = {key: getattr(gf, key) for key in values}
+            for key, value in values.items():
+                setattr(gf, key, value)
+                setattr(gt, key, value)
+            name = f"{shape} {variant}"
             gt.TRACE_BUF[0] = buf
             times = {label: triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1e3
                      for label, fn in (("plain", lambda: gf._forward(q, k, v, True, nm)),
@@ -55,9 +55,10 @@ def run(args):
             print(f"{name}: forward {times['plain']:.0f} us, stamped {times['stamped']:.0f} us; O bit-equal to "
                   f"the first variant's: {same}", flush=True)
             torch.save({"shape": shape, "variant": name, "trace": buf.cpu(), "times": times},
-                       args.out / f"trace_{shape.replace(',', 'x')}_pp{int(pingpong)}_pin{int(pin)}.pt")
-    gt.FWD_PINGPONG = gf.FWD_PINGPONG = False
-    gt.FWD_PIN_PV_WAIT = gf.FWD_PIN_PV_WAIT = True
+                       args.out / f"trace_{shape.replace(',', 'x')}_{variant.replace(' ', '_')}.pt")
+            for key, value in saved.items():
+                setattr(gf, key, value)
+                setattr(gt, key, value)
 
 
 def forward(shape):
@@ -82,16 +83,27 @@ def show(paths):
         # phases per key tile (cycles): wait for K/V, Q K^T (from ready to done), softmax + PV, conversion, and the
         # step from one tile's start to the next one's
         phase = torch.stack([tr[..., i + 1] - tr[..., i] for i in range(4)], -1)
-        step = tr[:, :, 1:, 0] - tr[:, :, :-1, 0]
-        ok = done[..., :]
-        okstep = done[:, :, 1:] & done[:, :, :-1]
+        ok = done
         names = ("K/V wait", "issue+QK", "softmax+PV", "convert")
         for i, n in enumerate(names):
             x = phase[..., i][ok]
             print(f"  {n:12s} median {x.median():7.0f}  p10 {x.quantile(0.1):7.0f}  p90 {x.quantile(0.9):7.0f}")
-        s = step[okstep]
-        s = s[s < s.median() * 3]  # leave out tile boundaries (epilogue, next Q)
+        # consecutive stamped key tiles: one apart (a step inside a query tile) or two apart (across a query-tile
+        # boundary: the last PV product, the epilogue, the next Q and the next tile's first key tile, unstamped)
+        steps, cross = [], []
+        for p in range(tr.shape[0]):
+            for c in range(2):
+                idx = torch.nonzero(done[p, c])[:, 0]
+                gaps = idx[1:] - idx[:-1]
+                dt = tr[p, c, idx[1:], 0] - tr[p, c, idx[:-1], 0]
+                steps.append(dt[gaps == 1])
+                cross.append(dt[gaps == 2])
+        s, cross = torch.cat(steps), torch.cat(cross)
         print(f"  {'step':12s} median {s.median():7.0f}  p10 {s.quantile(0.1):7.0f}  p90 {s.quantile(0.9):7.0f}")
+        if len(cross):
+            print(f"  {'boundary':12s} median {cross.median():7.0f}  p10 {cross.quantile(0.1):7.0f}  p90 "
+                  f"{cross.quantile(0.9):7.0f}  ({len(cross)} crossings; from the last key tile of a query tile to "
+                  "the second of the next)")
         # relative phase of the two consumers: consumer 1's start minus consumer 0's, per key tile, as a fraction
         # of the step (0: lockstep; 0.5: alternating)
         both = done[:, 0] & done[:, 1]
