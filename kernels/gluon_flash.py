@@ -95,8 +95,8 @@ FWD_L2_SECTION_BYTES = 16 << 20
 FWD_O32_TMA = True
 # Q slots per consumer. With 2 the producer loads the next tile's Q while this tile runs (into the slot released at
 # the end of the tile before) instead of after this tile's last product. The 2026-12-06 clock trace
-# (docs/device-runs/2026-12-06-trace) showed ~8,600 cycles from the last key tile of one query tile to the second of
-# the next at (8,12,1024,64), where a key tile takes ~2,300. Built and compiled for sm_90 (`kernels.offline_compile`
+# (docs/device-runs/2026-12-06-trace) showed ~7,000 cycles spent at a query-tile boundary at (8,12,1024,64), where a
+# key tile takes ~2,300 (the next Q's load is one part of it). Built and compiled for sm_90 (`kernels.offline_compile`
 # compiles both); not yet run on a GPU (no device time was left), so the default stays the measured single slot.
 FWD_Q_SLOTS = 1
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
