@@ -183,9 +183,10 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
 
 def exit_with(status: int) -> NoReturn:
     """Exit the process with ``main``'s status. A USR1 or TERM from here on has nothing left to save; ignored, it
-    cannot kill the interpreter's teardown (launcher/stop_signals.py) and turn a finished leg into status 138."""
+    cannot kill the interpreter's teardown (launcher/stop_signals.py) and turn a finished leg into status 138. A
+    member of a multi-process job skips that teardown (``distributed.exit_process``)."""
     STOP.ignore_while_exiting()
-    sys.exit(status)
+    distributed.exit_process(status)
 
 
 if __name__ == "__main__":

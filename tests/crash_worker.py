@@ -5,7 +5,6 @@ requeued after a failed step when it saved a newer checkpoint, and one that did 
 
 import os
 import signal
-import sys
 
 from launcher import pretrain
 from launcher.trainer import Trainer
@@ -24,4 +23,4 @@ def crashing_train_step(self, step: int):
 
 if __name__ == "__main__":
     Trainer.train_step = crashing_train_step
-    sys.exit(pretrain.main())
+    pretrain.exit_with(pretrain.main())

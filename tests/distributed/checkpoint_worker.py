@@ -156,4 +156,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

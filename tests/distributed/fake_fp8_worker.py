@@ -2,8 +2,6 @@
 on the CPU, with tests/fake_transformer_engine.py in place of Transformer Engine (its collectives, not its FP8
 arithmetic), so that the FP8 plumbing of every layout runs in CI."""
 
-import sys
-
 from tests.fake_transformer_engine import install
 
 install()
@@ -15,4 +13,4 @@ _environment_problems = config.environment_problems
 pretrain.environment_problems = lambda cfg: [p for p in _environment_problems(cfg) if "fp8" not in p]
 
 if __name__ == "__main__":
-    sys.exit(pretrain.main())
+    pretrain.exit_with(pretrain.main())

@@ -31,4 +31,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    pretrain.exit_with(main())
