@@ -2,8 +2,13 @@
 on a CPU mean nothing for GPUs; this checks the plumbing: both sides train the same shape and batch)."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 from benchmarks import train_speed
+from tests.runs import REPO
 
 
 def test_train_speed_prints_both_sides(kjv_data, tmp_path, capsys):
@@ -68,18 +73,28 @@ def test_train_speed_te_baseline_says_it_needs_a_gpu(capsys):
 def test_forward_schedule_model():
     """The Gluon forward's schedule model (benchmarks.forward_schedule): its tile order visits every (query block,
     head) once, ragged last section included; the counter never leaves the busiest program worse off than the
-    fixed share at the benchmark shapes; a bad shape is a message and exit status 2."""
-    from benchmarks import forward_schedule as fs
+    fixed share at the benchmark shapes; a bad shape is a message and exit status 2. In a fresh process: the model
+    takes its constants from kernels.gluon_flash, and Gluon cannot be imported into a process whose Triton was first
+    imported under TRITON_INTERPRET=1 (test_attention_triton_interp.py; seen once in CI when pytest-xdist gave both
+    files to one worker: an AssertionError in Gluon's import)."""
+    code = textwrap.dedent("""
+        from benchmarks import forward_schedule as fs
 
-    order = fs.tile_order(pairs=18, n_m=5, section=4)  # sections of 4, 4, 4, 4, 2 pairs
-    assert sorted(order) == [(m, p) for m in range(5) for p in range(18)]
-    assert [m for m, _ in order[:4]] == [4] * 4 and order[-1] == (0, 17)
-    for b, h, t, d in ((8, 12, 1024, 64), (4, 16, 4096, 128)):
-        width = fs.section_width(b, h, t, d)
-        assert 1 <= width <= b * h
-        order = fs.tile_order(b * h, t // 128, width)
-        assert fs.busiest_over_mean(order, 132, dynamic=True) <= fs.busiest_over_mean(order, 132, dynamic=False)
-    assert fs.main(["--shapes", "4,16"]) == 2
+        order = fs.tile_order(pairs=18, n_m=5, section=4)  # sections of 4, 4, 4, 4, 2 pairs
+        assert sorted(order) == [(m, p) for m in range(5) for p in range(18)]
+        assert [m for m, _ in order[:4]] == [4] * 4 and order[-1] == (0, 17)
+        for b, h, t, d in ((8, 12, 1024, 64), (4, 16, 4096, 128)):
+            width = fs.section_width(b, h, t, d)
+            assert 1 <= width <= b * h
+            order = fs.tile_order(b * h, t // 128, width)
+            assert fs.busiest_over_mean(order, 132, dynamic=True) <= fs.busiest_over_mean(order, 132, dynamic=False)
+        assert fs.main(["--shapes", "4,16"]) == 2
+        print("model checks passed")
+    """)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "model checks passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 def test_attention_table_ratios_are_of_gpu_times():
