@@ -806,7 +806,7 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
     dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
-    o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output, dim)
+    o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output, dim, FWD_Q_SLOTS)
     _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
                       out, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
@@ -817,12 +817,12 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     return out, lse, o32
 
 
-def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool, head_dim: int):
+def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool, head_dim: int, q_slots: int):
     """(the forward's O32 argument, O32_TMA): a TMA descriptor of the FP32 O in blocks of one consumer's rows where
     FWD_O32_TMA, the mode keeps it and the two FP32 buffers fit in shared memory beside Q's slots and the K/V ring
     (not at head_dim 128 with two Q slots), else the tensor itself (an empty one when the mode keeps none)."""
     half = FWD_BLOCK_M // 2
-    tiles = 2 * FWD_Q_SLOTS * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
+    tiles = 2 * q_slots * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
     fits = tiles + 2 * half * head_dim * 4 + 1024 <= SHARED_MEMORY_BYTES  # 1 KiB: barriers and alignment
     if store_o32 and FWD_O32_TMA and fits:
         return _rows_descriptor(o32, FWD_BLOCK_M // 2), True

@@ -8,12 +8,13 @@ instruction mix (wgmma, TMA copies, register reallocation, spills) before spendi
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
-static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``), backward with both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code
-path, what CI compiles) with its PTX instruction counts; exit status 1 if one does not compile. For each forward it
-also reads the machine code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight (between the wait for Q K^T and the wait
-for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax overlaps the product. Each
-line ends with ptxas's performance messages for that kernel (the wheel's ptxas run again with ``-v``), e.g. C7518
-when ptxas serialises the asynchronous products of a loop.
+static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``), backward with
+both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
+PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
+wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
+(between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
+the softmax overlaps the product. Each line ends with ptxas's performance messages for that kernel (the wheel's
+ptxas run again with ``-v``), e.g. C7518 when ptxas serialises the asynchronous products of a loop.
 
 It drives Triton's own launch path up to the compile call (binding, specialisation, options) with CPU tensors in
 place of GPU ones; there is no public API for compiling a kernel for another machine's GPU.
@@ -79,9 +80,7 @@ def configurations(quick: bool = False):
         variants = ((0, False, counted, slots), (3, True, counted, slots), (4, False, counted, slots),
                     (0, False, False, slots), (3, True, counted, other))
         for fix, store_o32, dynamic, q_slots in variants:
-            saved, gf.FWD_Q_SLOTS = gf.FWD_Q_SLOTS, q_slots
-            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim)
-            gf.FWD_Q_SLOTS = saved
+            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim, q_slots)
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)

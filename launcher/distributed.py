@@ -138,7 +138,7 @@ def exit_process(status: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said
             pass
-    os._exit(status if isinstance(status, int) else 1)
+    os._exit(status)
 
 
 def any_rank(flag: bool, dims: ParallelDims) -> bool:
