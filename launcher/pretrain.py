@@ -159,6 +159,11 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
         if dims.is_logging_rank and not args.no_report and not stop_requested:
             write_report_when_ended(tree, configs[0])
         distributed.shutdown(wait_for_all=True)
+        if dims.is_logging_rank:  # inside the try: a second Ctrl-C while it prints is still answered in one line
+            for r in results:
+                loss = f"last loss {r.last_loss:.4f}" if math.isfinite(r.last_loss) else r.message or "no finite loss"
+                how = f"stopped by the guard ({r.message})" if r.status == "stopped" else r.status
+                print(f"[summary] {r.arm}: {how} at step {r.steps}, {loss}  ({r.run_dir})")
     except (ConfigError, DataError, CompareError) as err:
         if int(os.environ.get("RANK", "0")) == 0:  # every rank validates the same input: say it once
             print(f"error: {err}", file=sys.stderr)
@@ -169,11 +174,6 @@ def main(argv: Optional[list[str]] = None, checkpoint_writer=HashingWriter) -> i
         return 130
     finally:
         distributed.shutdown()
-    if dims is not None and dims.is_logging_rank:
-        for r in results:
-            loss = f"last loss {r.last_loss:.4f}" if math.isfinite(r.last_loss) else r.message or "no finite loss"
-            how = f"stopped by the guard ({r.message})" if r.status == "stopped" else r.status
-            print(f"[summary] {r.arm}: {how} at step {r.steps}, {loss}  ({r.run_dir})")
     if any(r.stop_requested for r in results):
         return 130
     if any(r.status == "stopped" for r in results):

@@ -34,9 +34,11 @@ class StopRequests:
         """The process's work is done (and saved): from now on TERM and USR1 are ignored. Python's finalisation puts
         every signal handled in Python back to its default action, which for both ends the process, so a time-limit
         warning during the teardown of a finished leg (seconds, with torch) would end it with status 138 and the
-        batch script would requeue a completed run (seen in tests/slurm); an ignored signal stays ignored."""
+        batch script would requeue a completed run (seen in tests/slurm); an ignored signal stays ignored. Ctrl-C
+        gets the operating system's default: it still ends a slow teardown at once, without a traceback."""
         for sig in SCHEDULER_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     @contextlib.contextmanager
     def while_training(self) -> Iterator["StopRequests"]:
@@ -47,10 +49,14 @@ class StopRequests:
         try:
             yield self
         finally:
-            self.training = False
-            self.requested = False
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            # Handlers back first, flags cleared last: a signal handled in between (signal.signal runs pending
+            # handlers before it swaps) finds a consistent state, so a quick second Ctrl-C still aborts instead of
+            # reading as a first one "outside the training loop" (seen once in CI).
+            try:
+                _put_back(previous)
+            finally:
+                self.training = False
+                self.requested = False
 
     def _handle(self, signum, frame):
         if self.requested:
@@ -70,6 +76,20 @@ class StopRequests:
         else:
             print(f"\n[train] {name}: came outside the training loop; an arm still to train stops after its first "
                   "step and saves a checkpoint", flush=True)
+
+
+def _put_back(handlers: dict) -> None:
+    """Install ``handlers``, every one of them even when a pending second Ctrl-C raises KeyboardInterrupt from inside
+    ``signal.signal``; that KeyboardInterrupt is raised again at the end."""
+    abort = None
+    for sig, handler in handlers.items():
+        while signal.getsignal(sig) is not handler:
+            try:
+                signal.signal(sig, handler)
+            except KeyboardInterrupt as err:
+                abort = err
+    if abort is not None:
+        raise abort
 
 
 STOP = StopRequests()
