@@ -99,6 +99,10 @@ FWD_O32_TMA = True
 # key tile takes ~2,300 (the next Q's load is one part of it). Built and compiled for sm_90 (`kernels.offline_compile`
 # compiles both); not yet run on a GPU (no device time was left), so the default stays the measured single slot.
 FWD_Q_SLOTS = 1
+# The next query tile's first Q K^T issued right after this tile's last PV product (before the epilogue), so the
+# tensor cores work through the boundary; see `_fwd_consumer`. Built for the same GPU call as two Q slots (with
+# which it is meant to run), compiled for sm_90, not yet run on a GPU: off.
+FWD_CROSS_TILE = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
@@ -269,17 +273,89 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
 
 
 @gluon.jit
+def _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, has_tile, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr,
+                  STAGES: gl.constexpr, s_layout: gl.constexpr):
+    """Issue Q K^T of a query tile's key tile 0 (ring position ``kv_it``), asynchronously; the caller waits.
+    ``has_tile`` false: there is no such tile, nothing to wait for, and the product runs on whatever the buffers
+    hold (the cross-tile issue: a product issued under a condition would make ptxas serialise every product)."""
+    HALF: gl.constexpr = q.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]  # (stage, batch 1, head 1, key, channel)
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    stage = kv_it % STAGES
+    if has_tile:
+        mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
+    k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+    s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    _turn_pass(turns, HALF_INDEX, PINGPONG)
+    return s_tok, ti + 1
+
+
+@gluon.jit
+def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
+                  stride_ot, T, head_offset, exp_scale, HALF_INDEX: gl.constexpr, FIX: gl.constexpr,
+                  STORE_O32: gl.constexpr, O32_TMA: gl.constexpr):
+    """A consumer's rows of a finished query tile: O = acc / l (one rounding; stochastic with fix 4), the LSE in
+    natural log and, where the mode keeps it, the FP32 O (O32_TMA: staged in ``o32_smem.index(HALF_INDEX)`` and
+    copied by TMA, so the next tile starts while the copy runs). ``offs_d``: the channels, in acc's column layout."""
+    HALF: gl.constexpr = acc.shape[0]
+    HEAD_DIM: gl.constexpr = acc.shape[1]
+    row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    l_o = gl.convert_layout(l_i, row_o)
+    o = gl.div_rn(acc, gl.where(l_o == 0.0, 1.0, l_o)[:, None])  # l = 0 only for rows past T
+    rows_o = gl.convert_layout(rows, row_o)
+    row_ok = (rows_o < T)[:, None]
+    o_off = b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ot + offs_d[None, :]
+    if FIX == 4:  # stochastic_output: the Triton kernel's hash of (row key, global head, position, channel)
+        key = gl.load(KEYS + b).to(gl.uint32)
+        o_out = _sr_bf16(o, _row_hash(key, head_offset + h, rows_o), offs_d)
+    else:
+        o_out = o
+    gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
+    if STORE_O32:
+        if O32_TMA:
+            o32_buf = o32_smem.index(HALF_INDEX)
+            tma.store_wait(0)  # the previous tile's copy has read the buffer (the issuing thread waits)
+            _barrier()  # ... before any thread of the warpgroup writes it
+            o32_buf.reshape([HALF, HEAD_DIM]).store(o)
+            fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
+            _barrier()  # every thread's share is in before one thread issues the copy
+            _tma_store(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
+        else:
+            gl.store(O32 + o_off, o, mask=row_ok)
+    lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(LSE + bh * T + rows, lse, mask=rows < T)
+
+
+@gluon.jit
+def _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX: gl.constexpr, Q_SLOTS: gl.constexpr,
+                   DYNAMIC: gl.constexpr):
+    """The consumer's next tile after tile t, with its Q ready (DYNAMIC: the index the producer wrote beside that
+    Q; static: t + programs, once its Q is in). ``tile_it``: how many tiles this consumer has finished."""
+    q_next = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
+    if DYNAMIC:
+        mbarrier.wait(q_ready.index(q_next), (tile_it // Q_SLOTS) & 1)
+        t = _get_tile(tile_slots.index(q_next), gl.BlockedLayout([1], [32], [4], [0]))
+    else:
+        t += gl.num_programs(0)
+    return t
+
+
+@gluon.jit
 def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
                   tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr):
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
+                  CROSS_TILE: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
-    FP32 O. The tile's Q slot is released before the epilogue; with two slots the producer loaded this tile's Q
-    while the last one ran. DYNAMIC: the
-    tile's index comes from the producer's slot once Q is ready (``_fwd_producer``). O32_TMA: O32 is a TMA
-    descriptor and the FP32 O leaves through this consumer's buffer ``o32_smem.index(HALF_INDEX)``."""
+    FP32 O (``_fwd_epilogue``). The tile's Q slot is released after its last product; with two slots the producer
+    loaded this tile's Q while the last one ran. DYNAMIC: the tile's index comes from the producer's slot once Q is
+    ready (``_fwd_producer``). CROSS_TILE: the next tile's first Q K^T is issued right after this tile's last PV
+    product, so that it runs under the PV product's tail and the epilogue (it waits for the next tile's Q and first
+    K there: worth it with two Q slots, where that Q is already in)."""
+    gl.static_assert(not (CROSS_TILE and PINGPONG), "the cross-tile issue does not take turns")
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -287,17 +363,21 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    four_warps: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     kv_it = 0
     ti = 0
     tile_it = 0
     if DYNAMIC:
         mbarrier.wait(q_ready.index(HALF_INDEX), 0)
-        t = _get_tile(tile_slots.index(HALF_INDEX), four_warps)
+        t = _get_tile(tile_slots.index(HALF_INDEX), gl.BlockedLayout([1], [32], [4], [0]))
     else:
         t = gl.program_id(0)
+    if CROSS_TILE:
+        if not DYNAMIC:
+            if t < n_work:
+                mbarrier.wait(q_ready.index(HALF_INDEX), 0)
+        s_tok, ti = _fwd_first_qk(q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
+                                  turns, t < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
     while t < n_work:
         bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
                                                            CAUSAL)
@@ -306,21 +386,16 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         q_slot = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
-        if not DYNAMIC:
-            mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
         q = q_smem.index(q_slot).reshape([HALF, HEAD_DIM])
 
         # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
-        stage = kv_it % STAGES
-        mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
-        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
-        s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False,
-                              is_async=True)
-        _turn_pass(turns, HALF_INDEX, PINGPONG)
-        ti += 1
+        if not CROSS_TILE:  # (else issued at the end of the tile before, or above)
+            if not DYNAMIC:
+                mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
+            s_tok, ti = _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, True, HALF_INDEX, PINGPONG, STAGES,
+                                      s_layout)
         scores = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(stage), count=1)
+        mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
         p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         kv_it += 1
@@ -339,45 +414,34 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
         _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        acc = warpgroup_mma(p16, v_last, acc, is_async=True)
+        pv = warpgroup_mma(p16, v_last, acc, is_async=True)
         _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(last), count=1)
-        mbarrier.arrive(q_empty.index(q_slot), count=1)
-        tile_it += 1
-
-        # epilogue: O = acc / l (one rounding), LSE in natural log, the FP32 O
-        l_o = gl.convert_layout(l_i, row_o)
-        o = gl.div_rn(acc, gl.where(l_o == 0.0, 1.0, l_o)[:, None])  # l = 0 only for rows past T
-        rows_o = gl.convert_layout(rows, row_o)
-        row_ok = (rows_o < T)[:, None]
-        o_off = b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ot + offs_d[None, :]
-        if FIX == 4:  # stochastic_output: the Triton kernel's hash of (row key, global head, position, channel)
-            key = gl.load(KEYS + b).to(gl.uint32)
-            o_out = _sr_bf16(o, _row_hash(key, head_offset + h, rows_o), offs_d)
-        else:
-            o_out = o
-        gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
-        if STORE_O32:
-            if O32_TMA:
-                o32_buf = o32_smem.index(HALF_INDEX)
-                tma.store_wait(0)  # the previous tile's copy has read the buffer (the issuing thread waits)
-                _barrier()  # ... before any thread of the warpgroup writes it
-                o32_buf.reshape([HALF, HEAD_DIM]).store(o)
-                fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
-                _barrier()  # every thread's share is in before one thread issues the copy
-                _tma_store(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
-            else:
-                gl.store(O32 + o_off, o, mask=row_ok)
-        lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(LSE + bh * T + rows, lse, mask=rows < T)
-        if DYNAMIC:
+        if CROSS_TILE:
+            mbarrier.arrive(q_empty.index(q_slot), count=1)  # every Q K^T of this tile has finished
+            tile_it += 1
+            t_next = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
             q_next = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
-            mbarrier.wait(q_ready.index(q_next), (tile_it // Q_SLOTS) & 1)
-            t = _get_tile(tile_slots.index(q_next), four_warps)
+            if not DYNAMIC:
+                if t_next < n_work:
+                    mbarrier.wait(q_ready.index(q_next), (tile_it // Q_SLOTS) & 1)
+            s_tok, ti = _fwd_first_qk(q_smem.index(q_next).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
+                                      turns, t_next < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
+            acc = warpgroup_mma_wait(1, deps=(pv,))  # this PV product (issued before it) is done
+            mbarrier.arrive(v_empty.index(last), count=1)
         else:
-            t += gl.num_programs(0)
+            acc = warpgroup_mma_wait(0, deps=(pv,))
+            mbarrier.arrive(v_empty.index(last), count=1)
+            mbarrier.arrive(q_empty.index(q_slot), count=1)
+            tile_it += 1
+        _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
+                      stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O32_TMA)
+        if CROSS_TILE:
+            t = t_next
+        else:
+            t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
+    if CROSS_TILE:
+        warpgroup_mma_wait(0, deps=(s_tok,))  # the last issue had no tile: its product ends before the CTA does
     if STORE_O32 and O32_TMA:
         tma.store_wait(0)  # the buffer lives until the last copy has read it
 
@@ -387,7 +451,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
                 PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                CROSS_TILE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
     programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
@@ -430,11 +494,11 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE)),
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC, Q_SLOTS)),
@@ -812,7 +876,7 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      Q_SLOTS=FWD_Q_SLOTS, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      Q_SLOTS=FWD_Q_SLOTS, CROSS_TILE=FWD_CROSS_TILE, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 

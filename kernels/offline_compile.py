@@ -8,7 +8,8 @@ instruction mix (wgmma, TMA copies, register reallocation, spills) before spendi
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
-static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``), backward with
+static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with two
+slots and the other choice of ``FWD_CROSS_TILE``, backward with
 both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
 PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
@@ -75,23 +76,26 @@ def configurations(quick: bool = False):
         # none, fp32_output, stochastic_output with the schedule a long sequence gets (the tile counter); fix none
         # also with the static one (a launch with a program per tile: short sequences, small batches)
         counted = gf.FWD_DYNAMIC
-        # and fp32_output with the other Q-slot count (FWD_Q_SLOTS: 1 or 2), built but not the default
-        slots, other = gf.FWD_Q_SLOTS, 3 - gf.FWD_Q_SLOTS
-        variants = ((0, False, counted, slots), (3, True, counted, slots), (4, False, counted, slots),
-                    (0, False, False, slots), (3, True, counted, other))
-        for fix, store_o32, dynamic, q_slots in variants:
+        # and fp32_output with the other Q-slot count (FWD_Q_SLOTS: 1 or 2) and with two slots and the other
+        # cross-tile choice (FWD_CROSS_TILE), built but not the default
+        slots, other, cross = gf.FWD_Q_SLOTS, 3 - gf.FWD_Q_SLOTS, gf.FWD_CROSS_TILE
+        variants = ((0, False, counted, slots, cross), (3, True, counted, slots, cross),
+                    (4, False, counted, slots, cross), (0, False, False, slots, cross),
+                    (3, True, counted, other, cross), (3, True, counted, 2, not cross))
+        for fix, store_o32, dynamic, q_slots, cross_tile in variants:
             o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim, q_slots)
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
                           STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
-                          Q_SLOTS=q_slots,
+                          Q_SLOTS=q_slots, CROSS_TILE=cross_tile,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
             schedule = "" if dynamic == gf.FWD_DYNAMIC else (" dynamic" if dynamic else " static") + " schedule"
             slots = "" if q_slots == gf.FWD_Q_SLOTS else f" {q_slots} Q slots"
+            slots += "" if cross_tile == gf.FWD_CROSS_TILE else (" cross-tile" if cross_tile else " not cross-tile")
             out.append((f"forward d{dim} {fix_name}{schedule}{slots}", gf._fwd_kernel, args, kwargs))
         block_m = gf.BWD_BLOCK_M[dim]
         dq32 = torch.empty(b, h, t, dim)
@@ -128,15 +132,18 @@ def exponentials_under_pv(sass: str) -> list[int]:
 
 def ptxas_performance_messages(ptx: str, workdir: Path) -> list[str]:
     """ptxas's "Potential Performance Loss" and injected-wait messages for this PTX (sm_90a, ``-v``): Triton runs
-    ptxas without showing them. Each message shortened to its code and reason."""
+    ptxas without showing them. Each message shortened to its code and reason. The ptxas is the one Triton compiled
+    with (Triton 3.9 uses its wheel's newer ``ptxas-blackwell`` for sm_90 too; the older ``ptxas`` beside it rejects
+    its PTX version, and reading that failure as "no messages" hid the messages until 2026-12-06)."""
     import subprocess
 
-    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     (workdir / "kernel.ptx").write_text(ptx)
-    proc = subprocess.run([str(tool), "-arch=sm_90a", "-v", str(workdir / "kernel.ptx"), "-o",
+    proc = subprocess.run([get_ptxas(TARGET[1]).path, "-arch=sm_90a", "-v", str(workdir / "kernel.ptx"), "-o",
                            str(workdir / "ptxas.cubin")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas -v failed: {proc.stderr.strip()[-300:]}")
     found = re.findall(r"\((C75\d\d)\) ([^\n]*?)(?: in (?:the )?function|$)", proc.stderr, flags=re.M)
     return [f"{code} {reason.strip()}" for code, reason in found]
 
@@ -151,6 +158,15 @@ def disassemble(cubin: bytes, workdir: Path) -> str:
     path = workdir / "kernel.cubin"
     path.write_bytes(cubin)
     return subprocess.run([str(tool), "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line for a failed configuration: the innermost cause (Triton wraps an error in a kernel's helper in one
+    CompilationError per call site, each ending in the source line's caret)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and set(line.strip()) != {"^"}]
+    return f"{type(exc).__name__}: {(lines[-1] if lines else '')[:300]}"
 
 
 def main(argv=None) -> int:
@@ -173,16 +189,17 @@ def main(argv=None) -> int:
         try:
             compiled = compile_for_target(fn, fn_args, kwargs)
             ptx = compiled.asm["ptx"]
+            counts = ", ".join(f"{op} {len(re.findall(re.escape(op), ptx))}" for op in COUNTED)
+            with tempfile.TemporaryDirectory() as tmp:
+                if name.startswith("forward"):
+                    under = exponentials_under_pv(disassemble(compiled.asm["cubin"], Path(tmp)))
+                    counts += (f"; exponentials under a PV product: min {min(under, default=0)} over {len(under)} "
+                               "loops")
+                messages = ptxas_performance_messages(ptx, Path(tmp))
         except Exception as exc:  # report every configuration, not only the first that fails
             failed += 1
-            print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
+            print(f"FAILED  {name}: {failure_reason(exc)}", flush=True)
             continue
-        counts = ", ".join(f"{op} {len(re.findall(re.escape(op), ptx))}" for op in COUNTED)
-        with tempfile.TemporaryDirectory() as tmp:
-            if name.startswith("forward"):
-                under = exponentials_under_pv(disassemble(compiled.asm["cubin"], Path(tmp)))
-                counts += f"; exponentials under a PV product: min {min(under, default=0)} over {len(under)} loops"
-            messages = ptxas_performance_messages(ptx, Path(tmp))
         counts += "; ptxas: " + ("; ".join(messages) if messages else "no performance messages")
         print(f"ok      {name} ({time.perf_counter() - t0:.1f} s): {counts}", flush=True)
         if args.out:

@@ -1,8 +1,12 @@
-"""The forward with two Q slots per consumer gives the same bits as with one (call 3): O, LSE and the FP32 O of
+"""The forward's variants of call 3 (two Q slots per consumer; the next tile's first Q K^T issued before the
+epilogue, ``FWD_CROSS_TILE``) give the same bits as the default (one slot, not cross-tile): O, LSE and the FP32 O of
 fa2/none, fp32_output and stochastic_output, on shapes with more tiles than programs (the tile counter), a launch
 of one program per tile (the static schedule), grouped heads, ragged sequences and both head sizes.
 
-    PYTHONPATH=. python docs/device-runs/2026-12-06-trace/same_bits.py
+    PYTHONPATH=. python docs/device-runs/2026-12-06-trace/same_bits.py [VARIANT ...]
+
+(no VARIANT: every one; call 3 runs each in its own process and time limit, so that a variant that hangs on the GPU
+costs only its own result)
 """
 import sys
 
@@ -11,8 +15,27 @@ import torch
 from kernels import gluon_flash as gf
 from kernels.modes import AttentionSettings
 
+DEFAULT = {"FWD_Q_SLOTS": 1, "FWD_CROSS_TILE": False}
+VARIANTS = {"2 Q slots": {"FWD_Q_SLOTS": 2}, "2 Q slots cross-tile": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True},
+            "1 Q slot cross-tile": {"FWD_CROSS_TILE": True}}
+
+
+def forward_with(values, *args, **kwargs):
+    for key, value in {**DEFAULT, **values}.items():
+        setattr(gf, key, value)
+    try:
+        return gf._forward(*args, **kwargs)
+    finally:
+        for key, value in DEFAULT.items():
+            setattr(gf, key, value)
+
+
 CASES = [(3, 6, 2, 2085, 128), (3, 6, 2, 2085, 64), (8, 12, 12, 1024, 64), (1, 2, 2, 300, 128), (2, 4, 4, 200, 64),
          (4, 16, 16, 2048, 128)]
+chosen = sys.argv[1:] or list(VARIANTS)
+unknown = [v for v in chosen if v not in VARIANTS]
+if unknown:
+    sys.exit(f"unknown variant(s) {unknown}; known: {list(VARIANTS)}")
 bad = 0
 for b, h, hk, t, d in CASES:
     torch.manual_seed(t + d)
@@ -22,16 +45,15 @@ for b, h, hk, t, d in CASES:
     for fix in ("none", "fp32_output", "stochastic_output"):
         for causal in (True, False):
             nm = AttentionSettings(causal=causal, fix=fix).numerics(d, q.dtype)
-            outs = []
-            for slots in (1, 2):
-                gf.FWD_Q_SLOTS = slots
-                outs.append(gf._forward(q, k, v, causal, nm, noise_keys=keys, fill=float("nan")))
-            same = all(torch.equal(x, y) for x, y in zip(outs[0], outs[1]))
-            finite = all(bool(torch.isfinite(x).all()) for x in outs[1])
-            ok = same and finite
-            bad += not ok
-            print(f"{'ok ' if ok else 'BAD'} {b},{h}/{hk},{t},{d} {fix} causal={causal}: same bits {same}, "
-                  f"finite {finite}", flush=True)
+            base = forward_with({}, q, k, v, causal, nm, noise_keys=keys, fill=float("nan"))
+            for variant in chosen:
+                values = VARIANTS[variant]
+                outs = forward_with(values, q, k, v, causal, nm, noise_keys=keys, fill=float("nan"))
+                same = all(torch.equal(x, y) for x, y in zip(base, outs))
+                finite = all(bool(torch.isfinite(x).all()) for x in outs)
+                ok = same and finite
+                bad += not ok
+                print(f"{'ok ' if ok else 'BAD'} {b},{h}/{hk},{t},{d} {fix} causal={causal} {variant}: same bits "
+                      f"{same}, finite {finite}", flush=True)
 print(f"same_bits: {bad} bad")
-gf.FWD_Q_SLOTS = 1
 sys.exit(1 if bad else 0)

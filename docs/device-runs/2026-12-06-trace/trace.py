@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-VARIANTS = {"1 Q slot": {"FWD_Q_SLOTS": 1}, "2 Q slots": {"FWD_Q_SLOTS": 2}}
+VARIANTS = {"1 Q slot": {"FWD_Q_SLOTS": 1}, "2 Q slots": {"FWD_Q_SLOTS": 2},
+            "2 Q slots cross-tile": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True}}
 POINTS = ("start", "K,V ready", "QK done", "softmax+PV done", "P converted")
 
 
