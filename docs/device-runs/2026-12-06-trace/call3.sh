@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 3 of 2026-12-06 (trace), prepared and NOT run yet (device time ran out twice): two Q slots per consumer in
+# Call 3 of 2026-12-06 (trace), run on 2026-12-07 (README.md): two Q slots per consumer in
 # the Gluon forward (FWD_Q_SLOTS = 2, "2 Q slots": the next tile's Q loads while this tile runs; the FP32 O by
 # plain stores at head_dim 128, where the second slot takes the buffers' shared memory), and with it the next
 # tile's first Q K^T issued before this tile's epilogue (FWD_CROSS_TILE, "2 Q slots cross-tile").

@@ -91,7 +91,7 @@ def show(paths):
             print(f"  {n:12s} median {x.median():7.0f}  p10 {x.quantile(0.1):7.0f}  p90 {x.quantile(0.9):7.0f}")
         # consecutive stamped key tiles: one apart (a step inside a query tile) or two apart (across a query-tile
         # boundary: the last PV product, the epilogue, the next Q and the next tile's first key tile, unstamped)
-        steps, cross = [], []
+        steps, cross, span = [], [], 0.0
         for p in range(tr.shape[0]):
             for c in range(2):
                 idx = torch.nonzero(done[p, c])[:, 0]
@@ -99,7 +99,13 @@ def show(paths):
                 dt = tr[p, c, idx[1:], 0] - tr[p, c, idx[:-1], 0]
                 steps.append(dt[gaps == 1])
                 cross.append(dt[gaps == 2])
+                span += float(dt.sum())
         s, cross = torch.cat(steps), torch.cat(cross)
+        # each consumer's time from its first traced key tile to its last, split by the kind of gap
+        print(f"  share of the consumers' traced span: in-tile steps {100 * s.sum() / span:.0f}%, crossings "
+              f"{100 * cross.sum() / span:.0f}% (of which beyond two in-tile steps each: "
+              f"{100 * (cross.sum() - 2 * s.median() * len(cross)) / span:.0f}%), longer gaps "
+              f"{100 * (span - s.sum() - cross.sum()) / span:.0f}% (query tiles with fewer than two key tiles)")
         print(f"  {'step':12s} median {s.median():7.0f}  p10 {s.quantile(0.1):7.0f}  p90 {s.quantile(0.9):7.0f}")
         if len(cross):
             print(f"  {'boundary':12s} median {cross.median():7.0f}  p10 {cross.quantile(0.1):7.0f}  p90 "
