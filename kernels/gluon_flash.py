@@ -103,6 +103,11 @@ FWD_Q_SLOTS = 1
 # tensor cores work through the boundary; see `_fwd_consumer`. Built for the same GPU call as two Q slots (with
 # which it is meant to run), compiled for sm_90, not yet run on a GPU: off.
 FWD_CROSS_TILE = False
+# O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
+# machine code is 64 serial blocks per thread at head_dim 128 (a reciprocal, five fused multiply-adds and a check
+# that can branch to a slow path, each). Same bits as gl.div_rn by construction (see ``_div_rows``); compiled for
+# sm_90, not yet run on a GPU: off.
+FWD_ROW_DIVIDE = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
@@ -292,9 +297,34 @@ def _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, has_tile, HALF_INDEX: gl.
 
 
 @gluon.jit
+def _div_rows(acc, l):
+    """acc / l[:, None] rounded to nearest: the bits of gl.div_rn. CUDA's division of a by b takes an approximate
+    reciprocal r0 of b, refines it (r = r0 + r0 (1 - b r0)), then corrects the quotient (q0 = a r, q = q0 + r (a -
+    b q0)), all in fused multiply-adds, behind a check that sends operands near the ends of the FP32 range to a
+    slow path. The same steps give the same bits, so here the reciprocal is taken and refined once per row and only
+    the correction runs per element, with no branch between elements. A tile with any operand outside a range
+    well inside the fast path's (|a| in [2^-64, 2^64] or a = 0, l in [2^-16, 2^32]) is divided by gl.div_rn."""
+    r0 = gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [l], dtype=gl.float32, is_pure=True,
+                                   pack=1)
+    r = gl.fma(r0, gl.fma(-l, r0, gl.full_like(l, 1.0)), r0)
+    r2 = r[:, None]
+    q0 = acc * r2
+    q = gl.fma(r2, gl.fma(-l[:, None], q0, acc), q0)
+    mag = gl.abs(acc)
+    in_range = ((mag >= 5.421010862427522e-20) & (mag <= 1.8446744073709552e19)) | (acc == 0.0)
+    row_in_range = (l >= 1.52587890625e-05) & (l <= 4294967296.0)
+    fast = gl.min(gl.min(in_range.to(gl.int32), axis=1) * row_in_range.to(gl.int32), axis=0)
+    if fast == 1:
+        o = gl.where(acc == 0.0, acc, q)  # a signed zero divides to itself
+    else:
+        o = gl.div_rn(acc, l[:, None])
+    return o
+
+
+@gluon.jit
 def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
                   stride_ot, T, head_offset, exp_scale, HALF_INDEX: gl.constexpr, FIX: gl.constexpr,
-                  STORE_O32: gl.constexpr, O32_TMA: gl.constexpr):
+                  STORE_O32: gl.constexpr, O32_TMA: gl.constexpr, ROW_DIVIDE: gl.constexpr):
     """A consumer's rows of a finished query tile: O = acc / l (one rounding; stochastic with fix 4), the LSE in
     natural log and, where the mode keeps it, the FP32 O (O32_TMA: staged in ``o32_smem.index(HALF_INDEX)`` and
     copied by TMA, so the next tile starts while the copy runs). ``offs_d``: the channels, in acc's column layout."""
@@ -302,7 +332,11 @@ def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O
     HEAD_DIM: gl.constexpr = acc.shape[1]
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     l_o = gl.convert_layout(l_i, row_o)
-    o = gl.div_rn(acc, gl.where(l_o == 0.0, 1.0, l_o)[:, None])  # l = 0 only for rows past T
+    l_o = gl.where(l_o == 0.0, 1.0, l_o)  # l = 0 only for rows past T
+    if ROW_DIVIDE:
+        o = _div_rows(acc, l_o)
+    else:
+        o = gl.div_rn(acc, l_o[:, None])
     rows_o = gl.convert_layout(rows, row_o)
     row_ok = (rows_o < T)[:, None]
     o_off = b * stride_ob + h * stride_oh + rows_o[:, None] * stride_ot + offs_d[None, :]
@@ -347,7 +381,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
                   PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                  CROSS_TILE: gl.constexpr):
+                  CROSS_TILE: gl.constexpr, ROW_DIVIDE: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O (``_fwd_epilogue``). The tile's Q slot is released after its last product; with two slots the producer
@@ -435,7 +469,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
             mbarrier.arrive(q_empty.index(q_slot), count=1)
             tile_it += 1
         _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
-                      stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O32_TMA)
+                      stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O32_TMA, ROW_DIVIDE)
         if CROSS_TILE:
             t = t_next
         else:
@@ -451,7 +485,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
                 PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                CROSS_TILE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                CROSS_TILE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                ROW_DIVIDE: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
     programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
@@ -494,11 +529,11 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE, ROW_DIVIDE)),
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE, ROW_DIVIDE)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC, Q_SLOTS)),
@@ -876,7 +911,7 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      Q_SLOTS=FWD_Q_SLOTS, CROSS_TILE=FWD_CROSS_TILE, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      Q_SLOTS=FWD_Q_SLOTS, CROSS_TILE=FWD_CROSS_TILE, ROW_DIVIDE=FWD_ROW_DIVIDE, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 

@@ -9,7 +9,7 @@ PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. O
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
 static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with two
-slots and the other choice of ``FWD_CROSS_TILE``, backward with
+slots and the other choice of ``FWD_CROSS_TILE``, and with the other division of O (``FWD_ROW_DIVIDE``), backward with
 both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
 PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
@@ -76,26 +76,28 @@ def configurations(quick: bool = False):
         # none, fp32_output, stochastic_output with the schedule a long sequence gets (the tile counter); fix none
         # also with the static one (a launch with a program per tile: short sequences, small batches)
         counted = gf.FWD_DYNAMIC
-        # and fp32_output with the other Q-slot count (FWD_Q_SLOTS: 1 or 2) and with two slots and the other
-        # cross-tile choice (FWD_CROSS_TILE), built but not the default
-        slots, other, cross = gf.FWD_Q_SLOTS, 3 - gf.FWD_Q_SLOTS, gf.FWD_CROSS_TILE
-        variants = ((0, False, counted, slots, cross), (3, True, counted, slots, cross),
-                    (4, False, counted, slots, cross), (0, False, False, slots, cross),
-                    (3, True, counted, other, cross), (3, True, counted, 2, not cross))
-        for fix, store_o32, dynamic, q_slots, cross_tile in variants:
+        # and fp32_output with the other Q-slot count (FWD_Q_SLOTS: 1 or 2), with two slots and the other
+        # cross-tile choice (FWD_CROSS_TILE), and with the other division of O (FWD_ROW_DIVIDE)
+        slots, other, cross, divide = gf.FWD_Q_SLOTS, 3 - gf.FWD_Q_SLOTS, gf.FWD_CROSS_TILE, gf.FWD_ROW_DIVIDE
+        variants = ((0, False, counted, slots, cross, divide), (3, True, counted, slots, cross, divide),
+                    (4, False, counted, slots, cross, divide), (0, False, False, slots, cross, divide),
+                    (3, True, counted, other, cross, divide), (3, True, counted, 2, not cross, divide),
+                    (3, True, counted, slots, cross, not divide))
+        for fix, store_o32, dynamic, q_slots, cross_tile, row_divide in variants:
             o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim, q_slots)
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
                           STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
-                          Q_SLOTS=q_slots, CROSS_TILE=cross_tile,
+                          Q_SLOTS=q_slots, CROSS_TILE=cross_tile, ROW_DIVIDE=row_divide,
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
                           PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
             schedule = "" if dynamic == gf.FWD_DYNAMIC else (" dynamic" if dynamic else " static") + " schedule"
             slots = "" if q_slots == gf.FWD_Q_SLOTS else f" {q_slots} Q slots"
             slots += "" if cross_tile == gf.FWD_CROSS_TILE else (" cross-tile" if cross_tile else " not cross-tile")
+            slots += "" if row_divide == gf.FWD_ROW_DIVIDE else (" row divide" if row_divide else " element divide")
             out.append((f"forward d{dim} {fix_name}{schedule}{slots}", gf._fwd_kernel, args, kwargs))
         block_m = gf.BWD_BLOCK_M[dim]
         dq32 = torch.empty(b, h, t, dim)

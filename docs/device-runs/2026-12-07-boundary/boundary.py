@@ -7,8 +7,9 @@
 The 2026-12-06 trace (``../2026-12-06-trace``) stamped the key-tile loop and found each step from one query tile's
 last key tile to the next tile's second one five to six loop steps long; preloading Q (two Q slots) and issuing
 the next tile's first Q K^T before the epilogue did not shorten it. This run stamps the boundary itself, per
-consumer and query tile (POINTS), in the default kernel (one Q slot, not cross-tile), with fix none and
-fp32_output (which also stores the FP32 O).
+consumer and query tile (POINTS), in the default kernel (one Q slot, not cross-tile) and with O divided by one
+reciprocal per row (``FWD_ROW_DIVIDE``: the element-wise division is 64 serial blocks of machine code per thread
+at head_dim 128), with fix none and fp32_output (which also stores the FP32 O).
 
 run: per shape and fix, the forward's CUDA-graph GPU time with and without the stamps, then one stamped forward
 whose stamps go to DIR (its O must equal the plain kernel's). show: the cycles of each phase (median over tiles)
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+DEFAULT = {"FWD_ROW_DIVIDE": False}
+VARIANTS = {"default": {}, "row divide": {"FWD_ROW_DIVIDE": True}}  # module attributes of kernels.gluon_flash
 POINTS = ("tile start", "key tile 0 Q K^T done", "key tile 0 P converted", "last PV issued", "last PV done",
           "epilogue done")
 PHASES = (  # (name, from point, to point); "next" runs from this tile's epilogue to the next tile's start
@@ -49,17 +52,27 @@ def run(args):
         gbd.BTRACE_BUF[0] = buf
         for fix in args.fixes:
             nm = AttentionSettings(causal=True, fix=fix).numerics(d, q.dtype)
-            times = {label: triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1e3
-                     for label, fn in (("plain", lambda: gf._forward(q, k, v, True, nm)),
-                                       ("stamped", lambda: gbd._forward(q, k, v, True, nm)))}
-            buf.zero_()
-            out = gbd._forward(q, k, v, True, nm)
-            torch.cuda.synchronize()
-            same = all(torch.equal(x, y) for x, y in zip(out, gf._forward(q, k, v, True, nm)))
-            print(f"{shape} {fix}: forward {times['plain']:.0f} us, stamped {times['stamped']:.0f} us; outputs "
-                  f"bit-equal to the plain kernel's: {same}", flush=True)
-            torch.save({"shape": shape, "fix": fix, "trace": buf.cpu(), "times": times, "same": same},
-                       args.out / f"boundary_{shape.replace(',', 'x')}_{fix}.pt")
+            base = gf._forward(q, k, v, True, nm)
+            for variant, values in VARIANTS.items():
+                for module in (gf, gbd):
+                    for key, value in {**DEFAULT, **values}.items():
+                        setattr(module, key, value)
+                times = {label: triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1e3
+                         for label, fn in (("plain", lambda: gf._forward(q, k, v, True, nm)),
+                                           ("stamped", lambda: gbd._forward(q, k, v, True, nm)))}
+                buf.zero_()
+                out = gbd._forward(q, k, v, True, nm)
+                torch.cuda.synchronize()
+                same = all(torch.equal(x, y) for x, y in zip(out, base))
+                same = same and all(torch.equal(x, y) for x, y in zip(gf._forward(q, k, v, True, nm), base))
+                name = f"{fix} {variant}"
+                print(f"{shape} {name}: forward {times['plain']:.0f} us, stamped {times['stamped']:.0f} us; "
+                      f"outputs bit-equal to the default kernel's: {same}", flush=True)
+                torch.save({"shape": shape, "fix": name, "trace": buf.cpu(), "times": times, "same": same},
+                           args.out / f"boundary_{shape.replace(',', 'x')}_{fix}_{variant.replace(' ', '_')}.pt")
+            for module in (gf, gbd):
+                for key, value in DEFAULT.items():
+                    setattr(module, key, value)
 
 
 def show(paths):
