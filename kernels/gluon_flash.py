@@ -99,9 +99,11 @@ FWD_O32_TMA = True
 # key tile takes ~2,300 (the next Q's load is one part of it). Built and compiled for sm_90 (`kernels.offline_compile`
 # compiles both); not yet run on a GPU (no device time was left), so the default stays the measured single slot.
 FWD_Q_SLOTS = 1
-# The next query tile's first Q K^T issued right after this tile's last PV product (before the epilogue), so the
-# tensor cores work through the boundary; see `_fwd_consumer`. Built for the same GPU call as two Q slots (with
-# which it is meant to run), compiled for sm_90, not yet run on a GPU: off.
+# Cross-tile order (see `_fwd_consumer`): the next query tile's first Q K^T is issued before this tile's last PV
+# product and its key-tile-0 softmax runs under it, before this tile's epilogue. Meant with two Q slots. An earlier
+# form (the Q K^T after the last PV, the softmax after the epilogue; commit 487c01f) gave the default's bits and no
+# gain (2026-12-07, docs/attention-kernel.md). This form is compiled for sm_90, not run on a GPU; at head_dim 128
+# ptxas spills registers in it (the default already uses 237 of the consumers' 240). Off.
 FWD_CROSS_TILE = False
 # O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
 # machine code is 64 serial blocks per thread at head_dim 128 (a reciprocal, five fused multiply-adds and a check
@@ -362,6 +364,20 @@ def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O
 
 
 @gluon.jit
+def _fwd_first_softmax(scores, t, BH, H, GROUP, T, n_m, SECTION, exp_scale, HALF_INDEX: gl.constexpr,
+                       BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """The online softmax of key tile 0 of tile t (masked), from empty rows: (P_bar, max, alpha, row sum). For
+    the cross-tile order, where it runs before the tile's other values are needed (t past the last tile: the
+    values are garbage and unused)."""
+    HALF: gl.constexpr = scores.shape[0]
+    start_m = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N, CAUSAL)[4]
+    rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    return _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
+
+
+@gluon.jit
 def _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX: gl.constexpr, Q_SLOTS: gl.constexpr,
                    DYNAMIC: gl.constexpr):
     """The consumer's next tile after tile t, with its Q ready (DYNAMIC: the index the producer wrote beside that
@@ -386,9 +402,12 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O (``_fwd_epilogue``). The tile's Q slot is released after its last product; with two slots the producer
     loaded this tile's Q while the last one ran. DYNAMIC: the tile's index comes from the producer's slot once Q is
-    ready (``_fwd_producer``). CROSS_TILE: the next tile's first Q K^T is issued right after this tile's last PV
-    product, so that it runs under the PV product's tail and the epilogue (it waits for the next tile's Q and first
-    K there: worth it with two Q slots, where that Q is already in)."""
+    ready (``_fwd_producer``). CROSS_TILE: key tile 0 of the CTA's first tile is done before the loop and that of
+    every next tile at the end of the tile before: its Q K^T is issued before this tile's last PV product, its
+    softmax runs while that product does, and this tile's epilogue follows (it waits for the next tile's Q and
+    first K there: worth it with two Q slots, where that Q is already in). After the last tile the product and
+    softmax run on whatever the buffers hold and are dropped (a product issued under a condition makes ptxas
+    serialise every product)."""
     gl.static_assert(not (CROSS_TILE and PINGPONG), "the cross-tile issue does not take turns")
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
@@ -406,33 +425,43 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         t = _get_tile(tile_slots.index(HALF_INDEX), gl.BlockedLayout([1], [32], [4], [0]))
     else:
         t = gl.program_id(0)
-    if CROSS_TILE:
+    if CROSS_TILE:  # the first tile's key tile 0 here; every later tile's under the last PV product of the one before
         if not DYNAMIC:
             if t < n_work:
                 mbarrier.wait(q_ready.index(HALF_INDEX), 0)
-        s_tok, ti = _fwd_first_qk(q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
-                                  turns, t < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
+        # (names of their own: a name the loop assigns too would be carried around it, registers and all)
+        first_tok, ti = _fwd_first_qk(q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
+                                      turns, t < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
+        first_scores = warpgroup_mma_wait(0, deps=(first_tok,))
+        if t < n_work:
+            mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
+        first_p, m_i, alpha, l_i = _fwd_first_softmax(first_scores, t, BH, H, GROUP, T, n_m, SECTION, exp_scale,
+                                                      HALF_INDEX, BLOCK_N, CAUSAL, s_layout)
+        p16 = gl.convert_layout(first_p.to(dtype), p_layout)
+        kv_it += 1
     while t < n_work:
         bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
                                                            CAUSAL)
         rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-        m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+        if not CROSS_TILE:
+            m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         q_slot = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
         q = q_smem.index(q_slot).reshape([HALF, HEAD_DIM])
 
-        # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
-        if not CROSS_TILE:  # (else issued at the end of the tile before, or above)
+        # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail); CROSS_TILE: done already
+        if not CROSS_TILE:
             if not DYNAMIC:
                 mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
             s_tok, ti = _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, True, HALF_INDEX, PINGPONG, STAGES,
                                       s_layout)
-        scores = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
-        p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
-        kv_it += 1
+            scores = warpgroup_mma_wait(0, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
+            p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N,
+                                              s_layout)
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            kv_it += 1
 
         split = gl.maximum(n_full, 1)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
@@ -446,12 +475,7 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         last = (kv_it - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((kv_it - 1) // STAGES) & 1)
         v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        pv = warpgroup_mma(p16, v_last, acc, is_async=True)
-        _turn_pass(turns, HALF_INDEX, PINGPONG)
-        ti += 1
-        if CROSS_TILE:
+        if CROSS_TILE:  # the next tile's first Q K^T goes before this tile's last PV product
             mbarrier.arrive(q_empty.index(q_slot), count=1)  # every Q K^T of this tile has finished
             tile_it += 1
             t_next = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
@@ -461,8 +485,21 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
                     mbarrier.wait(q_ready.index(q_next), (tile_it // Q_SLOTS) & 1)
             s_tok, ti = _fwd_first_qk(q_smem.index(q_next).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
                                       turns, t_next < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
-            acc = warpgroup_mma_wait(1, deps=(pv,))  # this PV product (issued before it) is done
+        _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        pv = warpgroup_mma(p16, v_last, acc, is_async=True)
+        _turn_pass(turns, HALF_INDEX, PINGPONG)
+        ti += 1
+        if CROSS_TILE:  # the next tile's key-tile-0 softmax runs under this PV product
+            scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T (issued first) is done; PV may still run
+            if t_next < n_work:
+                mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
+            p, m_next, alpha, l_next = _fwd_first_softmax(scores, t_next, BH, H, GROUP, T, n_m, SECTION, exp_scale,
+                                                          HALF_INDEX, BLOCK_N, CAUSAL, s_layout)
+            acc, p = warpgroup_mma_wait(0, deps=(pv, p))
             mbarrier.arrive(v_empty.index(last), count=1)
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            kv_it += 1
         else:
             acc = warpgroup_mma_wait(0, deps=(pv,))
             mbarrier.arrive(v_empty.index(last), count=1)
@@ -471,11 +508,11 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
                       stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O32_TMA, ROW_DIVIDE)
         if CROSS_TILE:
+            m_i = m_next
+            l_i = l_next
             t = t_next
         else:
             t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
-    if CROSS_TILE:
-        warpgroup_mma_wait(0, deps=(s_tok,))  # the last issue had no tile: its product ends before the CTA does
     if STORE_O32 and O32_TMA:
         tma.store_wait(0)  # the buffer lives until the last copy has read it
 

@@ -8,14 +8,15 @@ instruction mix (wgmma, TMA copies, register reallocation, spills) before spendi
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
-static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with two
-slots and the other choice of ``FWD_CROSS_TILE``, and with the other division of O (``FWD_ROW_DIVIDE``), backward with
+static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with two slots
+and the other choice of ``FWD_CROSS_TILE``, and with the other division of O (``FWD_ROW_DIVIDE``), backward with
 both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
 PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
 (between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
-the softmax overlaps the product. Each line ends with ptxas's performance messages for that kernel (the wheel's
-ptxas run again with ``-v``), e.g. C7518 when ptxas serialises the asynchronous products of a loop.
+the softmax overlaps the product. Every line counts the machine code's spill stores (``STL``: values ptxas could not
+keep in registers; PTX cannot show them). Each line ends with ptxas's performance messages for that kernel (the
+wheel's ptxas run again with ``-v``), e.g. C7518 when ptxas serialises the asynchronous products of a loop.
 
 It drives Triton's own launch path up to the compile call (binding, specialisation, options) with CPU tensors in
 place of GPU ones; there is no public API for compiling a kernel for another machine's GPU.
@@ -193,8 +194,11 @@ def main(argv=None) -> int:
             ptx = compiled.asm["ptx"]
             counts = ", ".join(f"{op} {len(re.findall(re.escape(op), ptx))}" for op in COUNTED)
             with tempfile.TemporaryDirectory() as tmp:
+                sass = disassemble(compiled.asm["cubin"], Path(tmp))
+                # registers ptxas could not hold (PTX has no local memory of its own: ld.local counts 0 even then)
+                counts += f"; spill stores {len(re.findall(r'STL[. ]', sass))}"
                 if name.startswith("forward"):
-                    under = exponentials_under_pv(disassemble(compiled.asm["cubin"], Path(tmp)))
+                    under = exponentials_under_pv(sass)
                     counts += (f"; exponentials under a PV product: min {min(under, default=0)} over {len(under)} "
                                "loops")
                 messages = ptxas_performance_messages(ptx, Path(tmp))

@@ -53,17 +53,17 @@ sub("    tile_it = 0\n    if DYNAMIC:\n        mbarrier.wait(q_ready.index(HALF_
 sub("        rows = start_m + HALF_INDEX * HALF",
     "        _bstamp(BTRACE, bt, HALF_INDEX, 0)\n        _bput(BTRACE, bt, HALF_INDEX, 6, n_tiles)\n"
     "        rows = start_m + HALF_INDEX * HALF")
-sub("        scores = warpgroup_mma_wait(0, deps=(s_tok,))\n",
-    "        scores = warpgroup_mma_wait(0, deps=(s_tok,))\n        _bstamp(BTRACE, bt, HALF_INDEX, 1)\n")
-sub("        p16 = gl.convert_layout(p.to(dtype), p_layout)\n        kv_it += 1\n\n        split",
-    "        p16 = gl.convert_layout(p.to(dtype), p_layout)\n        _bstamp(BTRACE, bt, HALF_INDEX, 2)\n"
-    "        kv_it += 1\n\n        split")
+sub("            scores = warpgroup_mma_wait(0, deps=(s_tok,))\n",
+    "            scores = warpgroup_mma_wait(0, deps=(s_tok,))\n            _bstamp(BTRACE, bt, HALF_INDEX, 1)\n")
+sub("            p16 = gl.convert_layout(p.to(dtype), p_layout)\n            kv_it += 1\n\n        split",
+    "            p16 = gl.convert_layout(p.to(dtype), p_layout)\n            _bstamp(BTRACE, bt, HALF_INDEX, 2)\n"
+    "            kv_it += 1\n\n        split")
 sub("        pv = warpgroup_mma(p16, v_last, acc, is_async=True)\n",
     "        pv = warpgroup_mma(p16, v_last, acc, is_async=True)\n        _bstamp(BTRACE, bt, HALF_INDEX, 3)\n")
 sub("            acc = warpgroup_mma_wait(0, deps=(pv,))\n",
     "            acc = warpgroup_mma_wait(0, deps=(pv,))\n            _bstamp(BTRACE, bt, HALF_INDEX, 4)\n")
-sub("        if CROSS_TILE:\n            t = t_next\n",
-    "        _bstamp(BTRACE, bt, HALF_INDEX, 5)\n        bt += 1\n        if CROSS_TILE:\n            t = t_next\n")
+sub("        if CROSS_TILE:\n            m_i = m_next\n",
+    "        _bstamp(BTRACE, bt, HALF_INDEX, 5)\n        bt += 1\n        if CROSS_TILE:\n            m_i = m_next\n")
 sub("(_fwd_consumer, (q_smem,", "(_fwd_consumer, (BTRACE, q_smem,", count=2)
 sub("def _fwd_kernel(q_desc,", "def _fwd_kernel(BTRACE, q_desc,")
 sub("_fwd_kernel[grid](_rows_descriptor(q, half)", "_fwd_kernel[grid](BTRACE_BUF[0], _rows_descriptor(q, half)")
