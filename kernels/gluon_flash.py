@@ -367,8 +367,8 @@ def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O
 def _fwd_first_softmax(scores, t, BH, H, GROUP, T, n_m, SECTION, exp_scale, HALF_INDEX: gl.constexpr,
                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
     """The online softmax of key tile 0 of tile t (masked), from empty rows: (P_bar, max, alpha, row sum). For
-    the cross-tile order, where it runs before the tile's other values are needed (t past the last tile: the
-    values are garbage and unused)."""
+    the cross-tile order, where it runs before the tile's other values are needed (after the last tile it runs on
+    whatever Q K^T gave, and its values are dropped)."""
     HALF: gl.constexpr = scores.shape[0]
     start_m = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N, CAUSAL)[4]
     rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
@@ -494,8 +494,9 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
             scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T (issued first) is done; PV may still run
             if t_next < n_work:
                 mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
-            p, m_next, alpha, l_next = _fwd_first_softmax(scores, t_next, BH, H, GROUP, T, n_m, SECTION, exp_scale,
-                                                          HALF_INDEX, BLOCK_N, CAUSAL, s_layout)
+            p, m_next, alpha, l_next = _fwd_first_softmax(scores, gl.minimum(t_next, n_work - 1), BH, H, GROUP, T,
+                                                          n_m, SECTION, exp_scale, HALF_INDEX, BLOCK_N, CAUSAL,
+                                                          s_layout)  # (a real tile's rows even past the last)
             acc, p = warpgroup_mma_wait(0, deps=(pv, p))
             mbarrier.arrive(v_empty.index(last), count=1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
