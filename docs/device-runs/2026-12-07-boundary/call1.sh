@@ -10,18 +10,18 @@ D=docs/device-runs/2026-12-07-boundary
   > $OUT/call1_machine.txt
 head -1 $OUT/call1_machine.txt
 for variant in "row divide" "2 Q slots cross-tile"; do  # each alone: a hang costs only its result
-  (timeout 240 python3 docs/device-runs/2026-12-06-trace/same_bits.py "$variant" 2>&1 | grep -v Warning \
+  (timeout 200 python3 docs/device-runs/2026-12-06-trace/same_bits.py "$variant" 2>&1 | grep -v Warning \
     > "$OUT/call1_same_bits_${variant// /_}.log"; echo "exit ${PIPESTATUS[0]}" >> "$OUT/call1_same_bits_${variant// /_}.log") &
 done
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/gpu/test_attention_gluon_gpu.py \
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/gpu/test_attention_gluon_gpu.py \
   > $OUT/call1_gpu_gluon.log 2>&1
 wait
 grep -E "BAD|same_bits|exit" $OUT/call1_same_bits_*.log; tail -n 1 $OUT/call1_gpu_gluon.log
 python3 $D/make_boundary_kernel.py
 mkdir -p /tmp/boundary
-timeout 150 python3 $D/boundary.py run --out /tmp/boundary --shapes 4,16,2048,128 8,12,1024,64 2>&1 \
+timeout 120 python3 $D/boundary.py run --out /tmp/boundary --shapes 4,16,2048,128 8,12,1024,64 2>&1 \
   | grep -v Warning | tee $OUT/call1_run.log
 python3 $D/boundary.py show /tmp/boundary/*.pt 2>&1 | tee $OUT/call1_show.txt
 tar czf $OUT/call1_boundary.tgz -C /tmp boundary
-timeout 150 python3 $D/probe.py time --rep 25 --shapes 8,12,1024,64 4,16,2048,128 4,16,4096,128 \
+timeout 120 python3 $D/probe.py time --rep 25 --shapes 8,12,1024,64 4,16,2048,128 4,16,4096,128 \
   --only "gluon none atomic" "gluon fp32_output det" "gluon row divide" "gluon xtile" 2>&1 | grep -v Warning | tee $OUT/call1_time.log
