@@ -74,32 +74,34 @@ def configurations(quick: bool = False):
         lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
         keys = torch.zeros(b, dtype=torch.int64)
         counter = torch.zeros(1, dtype=torch.int32)
-        # none, fp32_output, stochastic_output with the schedule a long sequence gets (the tile counter); fix none
-        # also with the static one (a launch with a program per tile: short sequences, small batches)
-        counted = gf.FWD_DYNAMIC
-        # and fp32_output with the other Q-slot count (FWD_Q_SLOTS: 1 or 2), with two slots and the other
-        # cross-tile choice (FWD_CROSS_TILE), and with the other division of O (FWD_ROW_DIVIDE)
-        slots, other, cross, divide = gf.FWD_Q_SLOTS, 3 - gf.FWD_Q_SLOTS, gf.FWD_CROSS_TILE, gf.FWD_ROW_DIVIDE
-        variants = ((0, False, counted, slots, cross, divide), (3, True, counted, slots, cross, divide),
-                    (4, False, counted, slots, cross, divide), (0, False, False, slots, cross, divide),
-                    (3, True, counted, other, cross, divide), (3, True, counted, 2, not cross, divide),
-                    (3, True, counted, slots, cross, not divide))
-        for fix, store_o32, dynamic, q_slots, cross_tile, row_divide in variants:
-            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim, q_slots)
+        # none, fp32_output, stochastic_output as launched for a long sequence (the module's defaults, the tile
+        # counter); fix none also with the static schedule (a program per tile: short sequences, small batches);
+        # fp32_output also with each choice built but not the default: the other Q-slot count, two slots with the
+        # other cross-tile order, the other division of O
+        default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, CROSS_TILE=gf.FWD_CROSS_TILE,
+                       ROW_DIVIDE=gf.FWD_ROW_DIVIDE)
+        variants = ((0, {}), (3, {}), (4, {}), (0, dict(DYNAMIC=not gf.FWD_DYNAMIC)),
+                    (3, dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)), (3, dict(Q_SLOTS=2, CROSS_TILE=not gf.FWD_CROSS_TILE)),
+                    (3, dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)))
+        words = dict(DYNAMIC=("static schedule", "dynamic schedule"), CROSS_TILE=("not cross-tile", "cross-tile"),
+                     ROW_DIVIDE=("element divide", "row divide"))
+        for fix, changed in variants:
+            choice = {**default, **changed}
+            store_o32 = fix == 3
+            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim, choice["Q_SLOTS"])
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
                     gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, DYNAMIC=dynamic, O32_TMA=o32_tma,
-                          Q_SLOTS=q_slots, CROSS_TILE=cross_tile, ROW_DIVIDE=row_divide,
-                          CONSUMER_REGS=gf.FWD_CONSUMER_REGS,
-                          PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4, maxnreg=gf.MAXNREG)
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, O32_TMA=o32_tma, **choice,
+                          CONSUMER_REGS=gf.FWD_CONSUMER_REGS, PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4,
+                          maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
-            schedule = "" if dynamic == gf.FWD_DYNAMIC else (" dynamic" if dynamic else " static") + " schedule"
-            slots = "" if q_slots == gf.FWD_Q_SLOTS else f" {q_slots} Q slots"
-            slots += "" if cross_tile == gf.FWD_CROSS_TILE else (" cross-tile" if cross_tile else " not cross-tile")
-            slots += "" if row_divide == gf.FWD_ROW_DIVIDE else (" row divide" if row_divide else " element divide")
-            out.append((f"forward d{dim} {fix_name}{schedule}{slots}", gf._fwd_kernel, args, kwargs))
+            # the name says what differs from the defaults, in the order the choices were added
+            differs = [key for key in default if choice[key] != default[key]]
+            extra = "".join(f" {choice[key]} Q slots" if key == "Q_SLOTS" else f" {words[key][choice[key]]}"
+                            for key in differs)
+            out.append((f"forward d{dim} {fix_name}{extra}", gf._fwd_kernel, args, kwargs))
         block_m = gf.BWD_BLOCK_M[dim]
         dq32 = torch.empty(b, h, t, dim)
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
@@ -211,6 +213,7 @@ def main(argv=None) -> int:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / (name.replace(" ", "_") + ".ptx")).write_text(ptx)
+            (args.out / (name.replace(" ", "_") + ".sass")).write_text(sass)
     return 1 if failed else 0
 
 

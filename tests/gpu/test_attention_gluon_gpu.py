@@ -130,7 +130,7 @@ def test_row_division_of_o_gives_the_bits_of_the_element_division(head_dim, fix,
             monkeypatch.setattr(gluon_flash, "FWD_ROW_DIVIDE", row_divide)
             outs.append(gluon_flash.forward(q, k, v_scaled, settings, nm)[:3])
         assert all(torch.equal(a, b) for a, b in zip(*outs)), f"seed={seed} V*{v_scale}"
-        assert torch.isfinite(outs[1][0][:, :, :1024 + 37]).all(), f"seed={seed} V*{v_scale}"
+        assert torch.isfinite(outs[1][0]).all(), f"seed={seed} V*{v_scale}"
 
 def test_delta_stress_and_fp32_output_through_gluon(seed):
     """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
