@@ -177,7 +177,8 @@ def failure_reason(exc: BaseException) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.offline_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one configuration per code path (CI)")
-    parser.add_argument("--out", type=Path, default=None, help="also write each configuration's PTX into this folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write each configuration's PTX and disassembly (.ptx, .sass) into this folder")
     args = parser.parse_args(argv)
     import triton
 
