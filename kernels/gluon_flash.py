@@ -107,9 +107,10 @@ FWD_Q_SLOTS = 1
 FWD_CROSS_TILE = False
 # O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
 # machine code is 64 serial blocks per thread at head_dim 128 (a reciprocal, five fused multiply-adds and a check
-# that can branch to a slow path, each). Same bits as gl.div_rn by construction (see ``_div_rows``); compiled for
-# sm_90, not yet run on a GPU: off.
-FWD_ROW_DIVIDE = False
+# that can branch to a slow path, each). Same bits as gl.div_rn by construction (see ``_div_rows``; checked in exact
+# arithmetic by docs/device-runs/2026-12-07-boundary/division_check.py and on the GPU by
+# tests/gpu/test_attention_gluon_gpu.py). On (docs/attention-kernel.md, 2026-12-07 boundary).
+FWD_ROW_DIVIDE = True
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 DEFAULT = {"FWD_ROW_DIVIDE": False}
-VARIANTS = {"default": {}, "row divide": {"FWD_ROW_DIVIDE": True}}  # module attributes of kernels.gluon_flash
+VARIANTS = {"element divide": {}, "row divide": {"FWD_ROW_DIVIDE": True}}  # module attributes of kernels.gluon_flash
 POINTS = ("tile start", "key tile 0 Q K^T done", "key tile 0 P converted", "last PV issued", "last PV done",
           "epilogue done")
 PHASES = (  # (name, from point, to point); "next" runs from this tile's epilogue to the next tile's start

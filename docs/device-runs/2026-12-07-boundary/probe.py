@@ -12,10 +12,10 @@ _spec = importlib.util.spec_from_file_location("probe_d64", Path(__file__).paren
 base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
-base.VARIANTS = {  # the default: one Q slot, not cross-tile, O divided per element
-    "gluon": {},
+base.VARIANTS = {  # explicit values: FWD_ROW_DIVIDE became the default after call 1's bits were prepared
+    "gluon element divide": {"FWD_ROW_DIVIDE": False},
     "gluon row divide": {"FWD_ROW_DIVIDE": True},
-    "gluon xtile": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True},
+    "gluon xtile": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True, "FWD_ROW_DIVIDE": False},
     "gluon xtile row divide": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True, "FWD_ROW_DIVIDE": True},
 }
 
