@@ -110,7 +110,7 @@ FWD_CROSS_TILE = False
 # that can branch to a slow path, each). Same bits as gl.div_rn by construction (see ``_div_rows``; checked in exact
 # arithmetic by docs/device-runs/2026-12-07-boundary/division_check.py and on the GPU by
 # tests/gpu/test_attention_gluon_gpu.py). On (docs/attention-kernel.md, 2026-12-07 boundary).
-FWD_ROW_DIVIDE = True
+FWD_ROW_DIVIDE = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
