@@ -97,19 +97,18 @@ FWD_O32_TMA = True
 # the end of the tile before) instead of after this tile's last product. The 2026-12-06 clock trace
 # (docs/device-runs/2026-12-06-trace) showed ~7,000 cycles spent at a query-tile boundary at (8,12,1024,64), where a
 # key tile takes ~2,300 (the next Q's load is one part of it). Built and compiled for sm_90 (`kernels.offline_compile`
-# compiles both); not yet run on a GPU (no device time was left), so the default stays the measured single slot.
+# compiles both). Same bits, no faster on an H100 (2026-12-07: the next Q's wait is 2-4% of the consumers' time,
+# docs/attention-kernel.md), so the default stays one slot.
 FWD_Q_SLOTS = 1
 # Cross-tile order (see `_fwd_consumer`): the next query tile's first Q K^T is issued before this tile's last PV
-# product and its key-tile-0 softmax runs under it, before this tile's epilogue. Meant with two Q slots. An earlier
-# form (the Q K^T after the last PV, the softmax after the epilogue; commit 487c01f) gave the default's bits and no
-# gain (2026-12-07, docs/attention-kernel.md). This form is compiled for sm_90, not run on a GPU; at head_dim 128
-# ptxas spills registers in it (the default already uses 237 of the consumers' 240). Off.
+# product and its key-tile-0 softmax runs under it, before this tile's epilogue. Meant with two Q slots. Same bits
+# as the default, slower: 68 -> 79 us forward at (8,12,1024,64), 183 -> 214 at (4,16,2048,128) (H100, fp32_output;
+# docs/attention-kernel.md, 2026-12-07 second session; an earlier form, commit 487c01f, was no faster). Off.
 FWD_CROSS_TILE = False
 # O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
-# machine code is 64 serial blocks per thread at head_dim 128 (a reciprocal, five fused multiply-adds and a check
-# that can branch to a slow path, each). Same bits as gl.div_rn by construction (see ``_div_rows``; checked in exact
-# arithmetic by docs/device-runs/2026-12-07-boundary/division_check.py and on the GPU by
-# tests/gpu/test_attention_gluon_gpu.py). On (docs/attention-kernel.md, 2026-12-07 boundary).
+# machine code is 64 serial blocks per thread at head_dim 128. Same bits as gl.div_rn (exact-arithmetic check in
+# docs/device-runs/2026-12-07-boundary/division_check.py; 42 GPU cases and tests/gpu/test_attention_gluon_gpu.py),
+# but the forward is 3-15% slower with it (H100, docs/attention-kernel.md, 2026-12-07 second session): off.
 FWD_ROW_DIVIDE = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
