@@ -7,5 +7,5 @@ D=docs/device-runs/2026-12-07-boundary
 { nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader; sha256sum kernels/*.py; } \
   > $OUT/call2_machine.txt
 head -1 $OUT/call2_machine.txt
-timeout 200 python3 $D/epilogue.py --shapes 4,16,2048,128 8,12,1024,64 2>&1 | grep -v Warning \
+timeout 150 python3 $D/epilogue.py --shapes 4,16,2048,128 8,12,1024,64 2>&1 | grep -v Warning \
   | tee $OUT/call2_epilogue.log
