@@ -304,20 +304,24 @@ def _div_rows(acc, l):
     reciprocal r0 of b, refines it (r = r0 + r0 (1 - b r0)), then corrects the quotient (q0 = a r, q = q0 + r (a -
     b q0)), all in fused multiply-adds, behind a check that sends operands near the ends of the FP32 range to a
     slow path. The same steps give the same bits, so here the reciprocal is taken and refined once per row and only
-    the correction runs per element, with no branch between elements. A tile with any operand outside a range
-    well inside the fast path's (|a| in [2^-64, 2^64] or a = 0, l in [2^-16, 2^32]) is divided by gl.div_rn."""
+    the correction runs per element, with no branch between elements (the residual is formed as b q0 - a and
+    subtracted, which is the same arithmetic and divides a signed zero to itself). A tile with any operand outside
+    a range well inside the fast path's (|a| in [2^-64, 2^64] or a = 0, l in [2^-16, 2^32]) is divided by
+    gl.div_rn. The range test works on the bits of |a| with two integer extremes per row (four instructions per
+    element), since a first form with float comparisons per element cost more than the divisions it saved."""
     r0 = gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [l], dtype=gl.float32, is_pure=True,
                                    pack=1)
     r = gl.fma(r0, gl.fma(-l, r0, gl.full_like(l, 1.0)), r0)
     r2 = r[:, None]
     q0 = acc * r2
-    q = gl.fma(r2, gl.fma(-l[:, None], q0, acc), q0)
-    mag = gl.abs(acc)
-    in_range = ((mag >= 5.421010862427522e-20) & (mag <= 1.8446744073709552e19)) | (acc == 0.0)
-    row_in_range = (l >= 1.52587890625e-05) & (l <= 4294967296.0)
-    fast = gl.min(gl.min(in_range.to(gl.int32), axis=1) * row_in_range.to(gl.int32), axis=0)
-    if fast == 1:
-        o = gl.where(acc == 0.0, acc, q)  # a signed zero divides to itself
+    q = gl.fma(-r2, gl.fma(l[:, None], q0, -acc), q0)
+    mag = acc.to(gl.uint32, bitcast=True) & 0x7FFFFFFF  # the bits of |a|, ordered as the magnitudes (NaN above inf)
+    biggest = gl.max(mag, 1)
+    smallest_nonzero = gl.min(mag - 1, 1)  # a zero wraps to the largest value and drops out
+    row_ok = (biggest <= 0x5F800000) & (smallest_nonzero >= 0x1F7FFFFF)  # 2^64; 2^-64 less one
+    row_ok = row_ok & (l >= 1.52587890625e-05) & (l <= 4294967296.0)
+    if gl.min(row_ok.to(gl.int32), axis=0) == 1:
+        o = q
     else:
         o = gl.div_rn(acc, l[:, None])
     return o
