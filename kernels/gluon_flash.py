@@ -108,7 +108,8 @@ FWD_CROSS_TILE = False
 # O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
 # machine code is 64 serial blocks per thread at head_dim 128. Same bits as gl.div_rn (exact-arithmetic check in
 # docs/device-runs/2026-12-07-boundary/division_check.py; 42 GPU cases and tests/gpu/test_attention_gluon_gpu.py),
-# but the forward is 3-15% slower with it (H100, docs/attention-kernel.md, 2026-12-07 second session): off.
+# but its first form made the forward 3-15% slower (H100, docs/attention-kernel.md, 2026-12-07 second session: its
+# range test cost more instructions than the divisions). The present form's leaner test is not yet timed: off.
 FWD_ROW_DIVIDE = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
