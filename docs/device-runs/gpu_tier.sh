@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The single-GPU test tier, for device calls from 2026-12-08 on (the calls before carry their own copy of these lines,
+# as they ran): five pytest processes side by side (sharing the GPU changes their time, not their results): the
+# Gluon kernel's file, the Triton kernel's file in two halves (its tests in collection order, alternately), the
+# trainer file, the plan and layout files; beside them the fp64 check of every Gluon case with the ordered dQ.
+# Transformer Engine's tests skip unless `source .devcache/install.sh` ran first (../../../shared/device/README.md
+# of the workplace). Prints each log's verdict lines.
+#
+#     bash docs/device-runs/gpu_tier.sh LOG_DIR [LIMIT_SECONDS]
+set -u
+L=${1:?usage: gpu_tier.sh LOG_DIR [LIMIT_SECONDS]}
+T=${2:-240}
+mkdir -p "$L"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+P="python3 -m pytest -q -p no:cacheprovider -rs --tb=short"
+$P --collect-only tests/gpu/test_attention_gpu.py 2>/dev/null | grep :: > "$L/attention_ids.txt"
+set -f  # test ids contain brackets: no globbing
+timeout "$T" python3 docs/device-runs/2026-12-07-boundary/probe.py check --deterministic > "$L/check_det.log" 2>&1 &
+timeout "$T" $P tests/gpu/test_attention_gluon_gpu.py > "$L/tier_gluon.log" 2>&1 &
+timeout "$T" $P $(awk 'NR % 2 == 1' "$L/attention_ids.txt") > "$L/tier_attention_a.log" 2>&1 &
+timeout "$T" $P $(awk 'NR % 2 == 0' "$L/attention_ids.txt") > "$L/tier_attention_b.log" 2>&1 &
+timeout "$T" $P tests/gpu/test_train_gpu.py > "$L/tier_train.log" 2>&1 &
+timeout "$T" $P tests/gpu/test_plan_gpu.py tests/gpu/test_layouts_gpu.py > "$L/tier_plan_layouts.log" 2>&1 &
+wait
+set +f
+for f in "$L"/*.log; do
+  echo "== $(basename "$f")"
+  grep -E "^(BAD|ERR|FAILED|ERROR)" "$f" | head -8
+  tail -n 1 "$f"
+done
