@@ -3,8 +3,8 @@
 # as they ran): five pytest processes side by side (sharing the GPU changes their time, not their results): the
 # Gluon kernel's file, the Triton kernel's file in two halves (its tests in collection order, alternately), the
 # trainer file, the plan and layout files; beside them the fp64 check of every Gluon case with the ordered dQ.
-# Transformer Engine's tests skip unless `source .devcache/install.sh` ran first (../../../shared/device/README.md
-# of the workplace). Prints each log's verdict lines.
+# Transformer Engine's tests skip where it is not installed (`pip install -e '.[gpu]'` on a GPU machine)
+# Prints each log's verdict lines.
 #
 #     bash docs/device-runs/gpu_tier.sh LOG_DIR [LIMIT_SECONDS]
 set -u
