@@ -100,11 +100,6 @@ FWD_O32_TMA = True
 # compiles both). Same bits, no faster on an H100 (2026-12-07: the next Q's wait is 2-4% of the consumers' time,
 # docs/attention-kernel.md), so the default stays one slot.
 FWD_Q_SLOTS = 1
-# Cross-tile order (see `_fwd_consumer`): the next query tile's first Q K^T is issued before this tile's last PV
-# product and its key-tile-0 softmax runs under it, before this tile's epilogue. Meant with two Q slots. Same bits
-# as the default, slower: 68 -> 79 us forward at (8,12,1024,64), 183 -> 214 at (4,16,2048,128) (H100, fp32_output;
-# docs/attention-kernel.md, 2026-12-07 second session; an earlier form, commit 487c01f, was no faster). Off.
-FWD_CROSS_TILE = False
 # O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
 # machine code is 64 serial blocks per thread at head_dim 128. Same bits as gl.div_rn (exact-arithmetic check in
 # docs/device-runs/2026-12-07-boundary/division_check.py; 42 GPU cases and tests/gpu/test_attention_gluon_gpu.py),
@@ -281,17 +276,15 @@ def _fwd_tile_range(acc, m_i, l_i, p16, alpha, kv_it, ti, q, k_smem, v_smem, k_b
 
 
 @gluon.jit
-def _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, has_tile, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr,
+def _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, HALF_INDEX: gl.constexpr, PINGPONG: gl.constexpr,
                   STAGES: gl.constexpr, s_layout: gl.constexpr):
-    """Issue Q K^T of a query tile's key tile 0 (ring position ``kv_it``), asynchronously; the caller waits.
-    ``has_tile`` false: there is no such tile, nothing to wait for, and the product runs on whatever the buffers
-    hold (the cross-tile issue: a product issued under a condition would make ptxas serialise every product)."""
+    """Issue Q K^T of a query tile's key tile 0 (ring position ``kv_it``) once its K is in, asynchronously; the
+    caller waits."""
     HALF: gl.constexpr = q.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]  # (stage, batch 1, head 1, key, channel)
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     stage = kv_it % STAGES
-    if has_tile:
-        mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
+    mbarrier.wait(k_bars.index(stage), (kv_it // STAGES) & 1)
     k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
     s_tok = warpgroup_mma(q, k_t, gl.zeros([HALF, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
@@ -369,20 +362,6 @@ def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O
 
 
 @gluon.jit
-def _fwd_first_softmax(scores, t, BH, H, GROUP, T, n_m, SECTION, exp_scale, HALF_INDEX: gl.constexpr,
-                       BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """The online softmax of key tile 0 of tile t (masked), from empty rows: (P_bar, max, alpha, row sum). For
-    the cross-tile order, where it runs before the tile's other values are needed (after the last tile it runs on
-    whatever Q K^T gave, and its values are dropped)."""
-    HALF: gl.constexpr = scores.shape[0]
-    start_m = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N, CAUSAL)[4]
-    rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
-    return _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
-
-
-@gluon.jit
 def _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX: gl.constexpr, Q_SLOTS: gl.constexpr,
                    DYNAMIC: gl.constexpr):
     """The consumer's next tile after tile t, with its Q ready (DYNAMIC: the index the producer wrote beside that
@@ -402,18 +381,12 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
                   PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                  CROSS_TILE: gl.constexpr, ROW_DIVIDE: gl.constexpr):
+                  ROW_DIVIDE: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O (``_fwd_epilogue``). The tile's Q slot is released after its last product; with two slots the producer
     loaded this tile's Q while the last one ran. DYNAMIC: the tile's index comes from the producer's slot once Q is
-    ready (``_fwd_producer``). CROSS_TILE: key tile 0 of the CTA's first tile is done before the loop and that of
-    every next tile at the end of the tile before: its Q K^T is issued before this tile's last PV product, its
-    softmax runs while that product does, and this tile's epilogue follows (it waits for the next tile's Q and
-    first K there: worth it with two Q slots, where that Q is already in). After the last tile the product and
-    softmax run on whatever the buffers hold and are dropped (a product issued under a condition makes ptxas
-    serialise every product)."""
-    gl.static_assert(not (CROSS_TILE and PINGPONG), "the cross-tile issue does not take turns")
+    ready (``_fwd_producer``)."""
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -430,43 +403,25 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         t = _get_tile(tile_slots.index(HALF_INDEX), gl.BlockedLayout([1], [32], [4], [0]))
     else:
         t = gl.program_id(0)
-    if CROSS_TILE:  # the first tile's key tile 0 here; every later tile's under the last PV product of the one before
-        if not DYNAMIC:
-            if t < n_work:
-                mbarrier.wait(q_ready.index(HALF_INDEX), 0)
-        # (names of their own: a name the loop assigns too would be carried around it, registers and all)
-        first_tok, ti = _fwd_first_qk(q_smem.index(HALF_INDEX).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
-                                      turns, t < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
-        first_scores = warpgroup_mma_wait(0, deps=(first_tok,))
-        if t < n_work:
-            mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
-        first_p, m_i, alpha, l_i = _fwd_first_softmax(first_scores, t, BH, H, GROUP, T, n_m, SECTION, exp_scale,
-                                                      HALF_INDEX, BLOCK_N, CAUSAL, s_layout)
-        p16 = gl.convert_layout(first_p.to(dtype), p_layout)
-        kv_it += 1
     while t < n_work:
         bh, b, h, hk, start_m, n_full, n_tiles = _fwd_tile(t, BH, H, GROUP, T, n_m, SECTION, 2 * HALF, BLOCK_N,
                                                            CAUSAL)
         rows = start_m + HALF_INDEX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-        if not CROSS_TILE:
-            m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+        m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         q_slot = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
         q = q_smem.index(q_slot).reshape([HALF, HEAD_DIM])
 
-        # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail); CROSS_TILE: done already
-        if not CROSS_TILE:
-            if not DYNAMIC:
-                mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
-            s_tok, ti = _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, True, HALF_INDEX, PINGPONG, STAGES,
-                                      s_layout)
-            scores = warpgroup_mma_wait(0, deps=(s_tok,))
-            mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
-            p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N,
-                                              s_layout)
-            p16 = gl.convert_layout(p.to(dtype), p_layout)
-            kv_it += 1
+        # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
+        if not DYNAMIC:
+            mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
+        s_tok, ti = _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, HALF_INDEX, PINGPONG, STAGES, s_layout)
+        scores = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
+        p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        kv_it += 1
 
         split = gl.maximum(n_full, 1)
         acc, m_i, l_i, p16, alpha, kv_it, ti = _fwd_tile_range(
@@ -480,45 +435,18 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         last = (kv_it - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((kv_it - 1) // STAGES) & 1)
         v_last = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-        if CROSS_TILE:  # the next tile's first Q K^T goes before this tile's last PV product
-            mbarrier.arrive(q_empty.index(q_slot), count=1)  # every Q K^T of this tile has finished
-            tile_it += 1
-            t_next = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
-            q_next = (tile_it % Q_SLOTS) * 2 + HALF_INDEX
-            if not DYNAMIC:
-                if t_next < n_work:
-                    mbarrier.wait(q_ready.index(q_next), (tile_it // Q_SLOTS) & 1)
-            s_tok, ti = _fwd_first_qk(q_smem.index(q_next).reshape([HALF, HEAD_DIM]), k_smem, k_bars, kv_it, ti,
-                                      turns, t_next < n_work, HALF_INDEX, PINGPONG, STAGES, s_layout)
         _turn_wait(turns, ti, HALF_INDEX, PINGPONG)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         pv = warpgroup_mma(p16, v_last, acc, is_async=True)
         _turn_pass(turns, HALF_INDEX, PINGPONG)
         ti += 1
-        if CROSS_TILE:  # the next tile's key-tile-0 softmax runs under this PV product
-            scores = warpgroup_mma_wait(1, deps=(s_tok,))  # Q K^T (issued first) is done; PV may still run
-            if t_next < n_work:
-                mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
-            p, m_next, alpha, l_next = _fwd_first_softmax(scores, gl.minimum(t_next, n_work - 1), BH, H, GROUP, T,
-                                                          n_m, SECTION, exp_scale, HALF_INDEX, BLOCK_N, CAUSAL,
-                                                          s_layout)  # (a real tile's rows even past the last)
-            acc, p = warpgroup_mma_wait(0, deps=(pv, p))
-            mbarrier.arrive(v_empty.index(last), count=1)
-            p16 = gl.convert_layout(p.to(dtype), p_layout)
-            kv_it += 1
-        else:
-            acc = warpgroup_mma_wait(0, deps=(pv,))
-            mbarrier.arrive(v_empty.index(last), count=1)
-            mbarrier.arrive(q_empty.index(q_slot), count=1)
-            tile_it += 1
+        acc = warpgroup_mma_wait(0, deps=(pv,))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        mbarrier.arrive(q_empty.index(q_slot), count=1)
+        tile_it += 1
         _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
                       stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O32_TMA, ROW_DIVIDE)
-        if CROSS_TILE:
-            m_i = m_next
-            l_i = l_next
-            t = t_next
-        else:
-            t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
+        t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
     if STORE_O32 and O32_TMA:
         tma.store_wait(0)  # the buffer lives until the last copy has read it
 
@@ -528,8 +456,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
                 PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                CROSS_TILE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                ROW_DIVIDE: gl.constexpr):
+                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, ROW_DIVIDE: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
     programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
@@ -572,11 +499,11 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE, ROW_DIVIDE)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
         (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, CROSS_TILE, ROW_DIVIDE)),
+                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC, Q_SLOTS)),
@@ -954,7 +881,7 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      Q_SLOTS=FWD_Q_SLOTS, CROSS_TILE=FWD_CROSS_TILE, ROW_DIVIDE=FWD_ROW_DIVIDE, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 

@@ -8,8 +8,8 @@ instruction mix (wgmma, TMA copies, register reallocation, spills) before spendi
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
-static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with two slots
-and the other choice of ``FWD_CROSS_TILE``, and with the other division of O (``FWD_ROW_DIVIDE``), backward with
+static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with the other
+division of O (``FWD_ROW_DIVIDE``), backward with
 both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
 PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
@@ -76,15 +76,12 @@ def configurations(quick: bool = False):
         counter = torch.zeros(1, dtype=torch.int32)
         # none, fp32_output, stochastic_output as launched for a long sequence (the module's defaults, the tile
         # counter); fix none also with the static schedule (a program per tile: short sequences, small batches);
-        # fp32_output also with each choice built but not the default: the other Q-slot count, two slots with the
-        # other cross-tile order, the other division of O
-        default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, CROSS_TILE=gf.FWD_CROSS_TILE,
-                       ROW_DIVIDE=gf.FWD_ROW_DIVIDE)
+        # fp32_output also with each choice built but not the default: the other Q-slot count, the other division
+        # of O
+        default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, ROW_DIVIDE=gf.FWD_ROW_DIVIDE)
         variants = ((0, {}), (3, {}), (4, {}), (0, dict(DYNAMIC=not gf.FWD_DYNAMIC)),
-                    (3, dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)), (3, dict(Q_SLOTS=2, CROSS_TILE=not gf.FWD_CROSS_TILE)),
-                    (3, dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)))
-        words = dict(DYNAMIC=("static schedule", "dynamic schedule"), CROSS_TILE=("not cross-tile", "cross-tile"),
-                     ROW_DIVIDE=("element divide", "row divide"))
+                    (3, dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)), (3, dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)))
+        words = dict(DYNAMIC=("static schedule", "dynamic schedule"), ROW_DIVIDE=("element divide", "row divide"))
         for fix, changed in variants:
             choice = {**default, **changed}
             store_o32 = fix == 3

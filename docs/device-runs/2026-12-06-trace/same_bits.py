@@ -16,9 +16,10 @@ import torch
 from kernels import gluon_flash as gf
 from kernels.modes import AttentionSettings
 
-DEFAULT = {"FWD_Q_SLOTS": 1, "FWD_CROSS_TILE": False, "FWD_ROW_DIVIDE": False}
-VARIANTS = {"2 Q slots": {"FWD_Q_SLOTS": 2}, "2 Q slots cross-tile": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True},
-            "1 Q slot cross-tile": {"FWD_CROSS_TILE": True},
+DEFAULT = {"FWD_Q_SLOTS": 1, "FWD_ROW_DIVIDE": False}
+# (the cross-tile variants, "2 Q slots cross-tile" and "1 Q slot cross-tile", went with FWD_CROSS_TILE after
+# 2026-12-07-boundary's call 1b; their runs are in this folder's and that folder's logs)
+VARIANTS = {"2 Q slots": {"FWD_Q_SLOTS": 2},
             "row divide": {"FWD_ROW_DIVIDE": True}}  # 2026-12-07-boundary: O = acc / l, one reciprocal per row
 
 

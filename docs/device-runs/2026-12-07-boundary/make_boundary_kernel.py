@@ -4,8 +4,8 @@ forward's consumers (not in the key-tile loop, which 2026-12-06-trace stamped).
     python docs/device-runs/2026-12-07-boundary/make_boundary_kernel.py
 
 Each consumer warpgroup records, for its first MAX_TILES query tiles, %clock64 at six points (POINTS in
-boundary.py) and the tile's key-tile count into BTRACE[program, consumer, tile, point]. Only the default order
-(``FWD_CROSS_TILE`` off) is stamped. A diagnostic copy for device runs, not library code.
+boundary.py) and the tile's key-tile count into BTRACE[program, consumer, tile, point]. Only the default order is
+stamped (the cross-tile order, removed after call 1b, never was). A diagnostic copy for device runs, not library code.
 """
 from pathlib import Path
 
@@ -53,17 +53,18 @@ sub("    tile_it = 0\n    if DYNAMIC:\n        mbarrier.wait(q_ready.index(HALF_
 sub("        rows = start_m + HALF_INDEX * HALF",
     "        _bstamp(BTRACE, bt, HALF_INDEX, 0)\n        _bput(BTRACE, bt, HALF_INDEX, 6, n_tiles)\n"
     "        rows = start_m + HALF_INDEX * HALF")
-sub("            scores = warpgroup_mma_wait(0, deps=(s_tok,))\n",
-    "            scores = warpgroup_mma_wait(0, deps=(s_tok,))\n            _bstamp(BTRACE, bt, HALF_INDEX, 1)\n")
-sub("            p16 = gl.convert_layout(p.to(dtype), p_layout)\n            kv_it += 1\n\n        split",
-    "            p16 = gl.convert_layout(p.to(dtype), p_layout)\n            _bstamp(BTRACE, bt, HALF_INDEX, 2)\n"
-    "            kv_it += 1\n\n        split")
+sub("        scores = warpgroup_mma_wait(0, deps=(s_tok,))\n",
+    "        scores = warpgroup_mma_wait(0, deps=(s_tok,))\n        _bstamp(BTRACE, bt, HALF_INDEX, 1)\n")
+sub("        p16 = gl.convert_layout(p.to(dtype), p_layout)\n        kv_it += 1\n\n        split",
+    "        p16 = gl.convert_layout(p.to(dtype), p_layout)\n        _bstamp(BTRACE, bt, HALF_INDEX, 2)\n"
+    "        kv_it += 1\n\n        split")
 sub("        pv = warpgroup_mma(p16, v_last, acc, is_async=True)\n",
     "        pv = warpgroup_mma(p16, v_last, acc, is_async=True)\n        _bstamp(BTRACE, bt, HALF_INDEX, 3)\n")
-sub("            acc = warpgroup_mma_wait(0, deps=(pv,))\n",
-    "            acc = warpgroup_mma_wait(0, deps=(pv,))\n            _bstamp(BTRACE, bt, HALF_INDEX, 4)\n")
-sub("        if CROSS_TILE:\n            m_i = m_next\n",
-    "        _bstamp(BTRACE, bt, HALF_INDEX, 5)\n        bt += 1\n        if CROSS_TILE:\n            m_i = m_next\n")
+sub("        acc = warpgroup_mma_wait(0, deps=(pv,))\n",
+    "        acc = warpgroup_mma_wait(0, deps=(pv,))\n        _bstamp(BTRACE, bt, HALF_INDEX, 4)\n")
+sub("        t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)\n    if STORE_O32",
+    "        _bstamp(BTRACE, bt, HALF_INDEX, 5)\n        bt += 1\n"
+    "        t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)\n    if STORE_O32")
 sub("(_fwd_consumer, (q_smem,", "(_fwd_consumer, (BTRACE, q_smem,", count=2)
 sub("def _fwd_kernel(q_desc,", "def _fwd_kernel(BTRACE, q_desc,")
 sub("_fwd_kernel[grid](_rows_descriptor(q, half)", "_fwd_kernel[grid](BTRACE_BUF[0], _rows_descriptor(q, half)")

@@ -1,6 +1,7 @@
 """Device probe of kernels/gluon_flash.py, 2026-12-07 (boundary): ``../2026-12-06-d64/probe.py`` (check and time,
-same cases and columns) with O divided by one reciprocal per row ("gluon row divide", ``FWD_ROW_DIVIDE``) and the
-cross-tile order as rewritten after 2026-12-07's call 3 (``FWD_CROSS_TILE``, with two Q slots) beside the default. VARIANTS set module attributes of kernels.gluon_flash while timing.
+same cases and columns) with O divided by one reciprocal per row ("gluon row divide", ``FWD_ROW_DIVIDE``) beside
+the element division (call 1b also timed the cross-tile order, since removed). VARIANTS set module attributes of
+kernels.gluon_flash while timing.
 
     PYTHONPATH=. python docs/device-runs/2026-12-07-boundary/probe.py time [--shapes 8,12,1024,64 ...] [--only ...]
 """
@@ -12,11 +13,10 @@ _spec = importlib.util.spec_from_file_location("probe_d64", Path(__file__).paren
 base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
-base.VARIANTS = {  # explicit values: FWD_ROW_DIVIDE became the default after call 1's bits were prepared
+base.VARIANTS = {  # explicit values, whichever division is the default
     "gluon element divide": {"FWD_ROW_DIVIDE": False},
     "gluon row divide": {"FWD_ROW_DIVIDE": True},
-    "gluon xtile": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True, "FWD_ROW_DIVIDE": False},
-    "gluon xtile row divide": {"FWD_Q_SLOTS": 2, "FWD_CROSS_TILE": True, "FWD_ROW_DIVIDE": True},
+    # ("gluon xtile" and "gluon xtile row divide", timed in call 1b, went with FWD_CROSS_TILE after it)
 }
 
 if __name__ == "__main__":
