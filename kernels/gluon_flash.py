@@ -106,6 +106,11 @@ FWD_Q_SLOTS = 1
 # but its first form made the forward 3-15% slower (H100, docs/attention-kernel.md, 2026-12-07 second session: its
 # range test cost more instructions than the divisions). The present form's leaner test is not yet timed: off.
 FWD_ROW_DIVIDE = False
+# The consumers stage the bf16 O in shared memory and a TMA store writes it, as FA3 does, instead of plain stores
+# from the product's register layout (4-byte stores, eight rows a warp instruction). Where the FP32 O's buffers no
+# longer fit beside it (fix=fp32_output at head_dim 128) the FP32 O goes by plain stores (`_fwd_store_plan`).
+# Compiles for sm_90 (8 stmatrix per consumer thread in place of 32 global stores at head_dim 128); not yet timed: off.
+FWD_O_TMA = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
@@ -322,14 +327,16 @@ def _div_rows(acc, l):
 
 
 @gluon.jit
-def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
-                  stride_ot, T, head_offset, exp_scale, HALF_INDEX: gl.constexpr, FIX: gl.constexpr,
-                  STORE_O32: gl.constexpr, O32_TMA: gl.constexpr, ROW_DIVIDE: gl.constexpr):
+def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o_smem, o32_smem, O, O32, LSE, KEYS, stride_ob,
+                  stride_oh, stride_ot, T, head_offset, exp_scale, HALF_INDEX: gl.constexpr, FIX: gl.constexpr,
+                  STORE_O32: gl.constexpr, O_TMA: gl.constexpr, O32_TMA: gl.constexpr, ROW_DIVIDE: gl.constexpr):
     """A consumer's rows of a finished query tile: O = acc / l (one rounding; stochastic with fix 4), the LSE in
-    natural log and, where the mode keeps it, the FP32 O (O32_TMA: staged in ``o32_smem.index(HALF_INDEX)`` and
-    copied by TMA, so the next tile starts while the copy runs). ``offs_d``: the channels, in acc's column layout."""
+    natural log and, where the mode keeps it, the FP32 O. O_TMA / O32_TMA: O (FP32 O) is staged in
+    ``o_smem.index(HALF_INDEX)`` (``o32_smem``) and copied by TMA, so the next tile starts while the copy runs; O
+    (O32) is then a TMA descriptor. ``offs_d``: the channels, in acc's column layout."""
     HALF: gl.constexpr = acc.shape[0]
     HEAD_DIM: gl.constexpr = acc.shape[1]
+    ANY_TMA: gl.constexpr = O_TMA or (STORE_O32 and O32_TMA)
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     l_o = gl.convert_layout(l_i, row_o)
     l_o = gl.where(l_o == 0.0, 1.0, l_o)  # l = 0 only for rows past T
@@ -345,18 +352,27 @@ def _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O
         o_out = _sr_bf16(o, _row_hash(key, head_offset + h, rows_o), offs_d)
     else:
         o_out = o
-    gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
+    if not O_TMA:
+        gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)
+    if ANY_TMA:
+        tma.store_wait(0)  # the previous tile's copies have read the buffers (the issuing thread waits)
+        _barrier()  # ... before any thread of the warpgroup writes them
+    if O_TMA:
+        o_buf = o_smem.index(HALF_INDEX)
+        o_buf.reshape([HALF, HEAD_DIM]).store(o_out.to(o_buf.dtype))
     if STORE_O32:
         if O32_TMA:
             o32_buf = o32_smem.index(HALF_INDEX)
-            tma.store_wait(0)  # the previous tile's copy has read the buffer (the issuing thread waits)
-            _barrier()  # ... before any thread of the warpgroup writes it
             o32_buf.reshape([HALF, HEAD_DIM]).store(o)
-            fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
-            _barrier()  # every thread's share is in before one thread issues the copy
-            _tma_store(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
         else:
             gl.store(O32 + o_off, o, mask=row_ok)
+    if ANY_TMA:
+        fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
+        _barrier()  # every thread's share is in before one thread issues the copies
+        if O_TMA:
+            _tma_store(O, [b, h, start_m + HALF_INDEX * HALF, 0], o_buf)
+        if STORE_O32 and O32_TMA:
+            _tma_store(O32, [b, h, start_m + HALF_INDEX * HALF, 0], o32_buf)
     lse = (m_i * exp_scale + gl.log2(l_i)) * 0.6931471805599453
     gl.store(LSE + bh * T + rows, lse, mask=rows < T)
 
@@ -376,12 +392,12 @@ def _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX: gl.constexpr, Q_
 
 
 @gluon.jit
-def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
+def _fwd_consumer(q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
                   tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
                   exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                  ROW_DIVIDE: gl.constexpr):
+                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O_TMA: gl.constexpr, O32_TMA: gl.constexpr,
+                  Q_SLOTS: gl.constexpr, ROW_DIVIDE: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O (``_fwd_epilogue``). The tile's Q slot is released after its last product; with two slots the producer
@@ -444,23 +460,25 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_
         mbarrier.arrive(v_empty.index(last), count=1)
         mbarrier.arrive(q_empty.index(q_slot), count=1)
         tile_it += 1
-        _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o32_smem, O, O32, LSE, KEYS, stride_ob, stride_oh,
-                      stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O32_TMA, ROW_DIVIDE)
+        _fwd_epilogue(acc, m_i, l_i, rows, offs_d, b, h, bh, start_m, o_smem, o32_smem, O, O32, LSE, KEYS, stride_ob,
+                      stride_oh, stride_ot, T, head_offset, exp_scale, HALF_INDEX, FIX, STORE_O32, O_TMA, O32_TMA,
+                      ROW_DIVIDE)
         t = _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX, Q_SLOTS, DYNAMIC)
-    if STORE_O32 and O32_TMA:
-        tma.store_wait(0)  # the buffer lives until the last copy has read it
+    if O_TMA or (STORE_O32 and O32_TMA):
+        tma.store_wait(0)  # the buffers live until the last copies have read them
 
 
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_ob, stride_oh, stride_ot, H, GROUP,
                 T, BH, SECTION, head_offset, exp_scale, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, ROW_DIVIDE: gl.constexpr):
+                PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O_TMA: gl.constexpr, O32_TMA: gl.constexpr,
+                Q_SLOTS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                ROW_DIVIDE: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
-    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O32: the FP32
-    O's pointer, or its TMA descriptor (blocks of HALF rows) when O32_TMA."""
+    programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O (O32): the
+    (FP32) O's pointer, or its TMA descriptor (blocks of HALF rows) when O_TMA (O32_TMA)."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_M: gl.constexpr = 2 * HALF
     dtype: gl.constexpr = q_desc.dtype
@@ -473,6 +491,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
         o32_smem = gl.allocate_shared_memory(gl.float32, [2] + O32.block_type.shape, O32.layout)
     else:
         o32_smem = q_smem  # unused
+    if O_TMA:
+        o_smem = gl.allocate_shared_memory(O.dtype, [2] + O.block_type.shape, O.layout)
+    else:
+        o_smem = q_smem  # unused
     q_ready = gl.allocate_shared_memory(gl.int64, [2 * Q_SLOTS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2 * Q_SLOTS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -496,14 +518,14 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     # (constexprs must be written into each partition's argument tuple: a tuple built by concatenation turns them
     # into tensors)
     gl.warp_specialize([
-        (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+        (_fwd_consumer, (q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
-        (_fwd_consumer, (q_smem, k_smem, v_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
+                         STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
+        (_fwd_consumer, (q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                          turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
                          n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
+                         STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC, Q_SLOTS)),
@@ -875,27 +897,31 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
     grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
     dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
-    o32_arg, o32_tma = _fwd_o32_arg(o32, nm.keeps_fp32_output, dim, FWD_Q_SLOTS)
+    o_tma, o32_tma = _fwd_store_plan(nm.keeps_fp32_output, dim, FWD_Q_SLOTS)
+    o_arg = _rows_descriptor(out, half) if o_tma else out
+    o32_arg = _rows_descriptor(o32, half) if o32_tma else o32
     _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
-                      out, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
+                      o_arg, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=o_tma, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 
 
-def _fwd_o32_arg(o32: torch.Tensor, store_o32: bool, head_dim: int, q_slots: int):
-    """(the forward's O32 argument, O32_TMA): a TMA descriptor of the FP32 O in blocks of one consumer's rows where
-    FWD_O32_TMA, the mode keeps it and the two FP32 buffers fit in shared memory beside Q's slots and the K/V ring
-    (not at head_dim 128 with two Q slots), else the tensor itself (an empty one when the mode keeps none)."""
+def _fwd_store_plan(store_o32: bool, head_dim: int, q_slots: int, o_tma_wanted: bool | None = None):
+    """(O_TMA, O32_TMA): whether the bf16 O (FWD_O_TMA, or ``o_tma_wanted``) and the FP32 O (FWD_O32_TMA, where the mode keeps it) go
+    through shared-memory buffers and TMA stores, each where its two buffers (one per consumer) still fit beside
+    Q's slots and the K/V ring, the bf16 O's first (at head_dim 128 with the FP32 O, or with two Q slots, the FP32
+    O's 64 KiB do not fit)."""
     half = FWD_BLOCK_M // 2
-    tiles = 2 * q_slots * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
-    fits = tiles + 2 * half * head_dim * 4 + 1024 <= SHARED_MEMORY_BYTES  # 1 KiB: barriers and alignment
-    if store_o32 and FWD_O32_TMA and fits:
-        return _rows_descriptor(o32, FWD_BLOCK_M // 2), True
-    return o32, False
+    used = 2 * q_slots * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
+    used += 1024  # barriers and alignment
+    o_tma = (FWD_O_TMA if o_tma_wanted is None else o_tma_wanted) and used + 2 * half * head_dim * 2 <= SHARED_MEMORY_BYTES
+    used += 2 * half * head_dim * 2 if o_tma else 0
+    o32_tma = store_o32 and FWD_O32_TMA and used + 2 * half * head_dim * 4 <= SHARED_MEMORY_BYTES
+    return o_tma, o32_tma
 
 
 def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,

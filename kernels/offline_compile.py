@@ -9,7 +9,7 @@ PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. O
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
 static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with the other
-division of O (``FWD_ROW_DIVIDE``), backward with
+division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``), backward with
 both dQ orders, head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
 PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
@@ -78,19 +78,25 @@ def configurations(quick: bool = False):
         # counter); fix none also with the static schedule (a program per tile: short sequences, small batches);
         # fp32_output also with each choice built but not the default: the other Q-slot count, the other division
         # of O
-        default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, ROW_DIVIDE=gf.FWD_ROW_DIVIDE)
+        default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, ROW_DIVIDE=gf.FWD_ROW_DIVIDE,
+                       O_TMA=gf.FWD_O_TMA)
         variants = ((0, {}), (3, {}), (4, {}), (0, dict(DYNAMIC=not gf.FWD_DYNAMIC)),
-                    (3, dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)), (3, dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)))
-        words = dict(DYNAMIC=("static schedule", "dynamic schedule"), ROW_DIVIDE=("element divide", "row divide"))
+                    (3, dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)), (3, dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)),
+                    (0, dict(O_TMA=not gf.FWD_O_TMA)), (3, dict(O_TMA=not gf.FWD_O_TMA)))
+        words = dict(DYNAMIC=("static schedule", "dynamic schedule"), ROW_DIVIDE=("element divide", "row divide"),
+                     O_TMA=("O stored", "O by TMA"))
         for fix, changed in variants:
             choice = {**default, **changed}
             store_o32 = fix == 3
-            o32_arg, o32_tma = gf._fwd_o32_arg(o32, store_o32, dim, choice["Q_SLOTS"])
+            o_tma, o32_tma = gf._fwd_store_plan(store_o32, dim, choice["Q_SLOTS"], choice["O_TMA"])
+            o_arg = gf._rows_descriptor(o, gf.FWD_BLOCK_M // 2) if o_tma else o
+            o32_arg = gf._rows_descriptor(o32, gf.FWD_BLOCK_M // 2) if o32_tma else o32
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
-                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
+                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o_arg, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
                     b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, O32_TMA=o32_tma, **choice,
+                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, O32_TMA=o32_tma,
+                          **{**choice, "O_TMA": o_tma},
                           CONSUMER_REGS=gf.FWD_CONSUMER_REGS, PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4,
                           maxnreg=gf.MAXNREG)
             fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]

@@ -114,21 +114,25 @@ def test_forward_is_the_same_under_every_tile_schedule(head_dim, monkeypatch, se
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("fix", ["none", "fp32_output", "stochastic_output"])
-def test_row_division_of_o_gives_the_bits_of_the_element_division(head_dim, fix, monkeypatch, seed):
-    """FWD_ROW_DIVIDE (O = acc / l with one reciprocal per row) changes no bit of O, LSE or the FP32 O against
-    gl.div_rn per element: ordinary values (the per-row path), V scaled by 2^-70 and by 2^66 (|acc| below 2^-64 in
-    the first rows, above 2^64 in most elements: those tiles take gl.div_rn), and a ragged tail
-    (rows past T)."""
+@pytest.mark.parametrize("switch", ["FWD_ROW_DIVIDE", "FWD_O_TMA"])
+def test_epilogue_variants_give_the_bits_of_the_default(switch, head_dim, fix, monkeypatch, seed):
+    """The forward's epilogue variants change no bit of O, LSE or the FP32 O against the plain epilogue
+    (gl.div_rn per element, O by stores from registers): FWD_ROW_DIVIDE (O = acc / l with one reciprocal per row)
+    and FWD_O_TMA (the bf16 O staged in shared memory and written by TMA). Ordinary values (the per-row path), V
+    scaled by 2^-70 and by 2^66 (|acc| below 2^-64 in the first rows, above 2^64 in most elements: those tiles take
+    gl.div_rn under FWD_ROW_DIVIDE), and a ragged tail (rows past T, which the TMA store must not write)."""
     from kernels import gluon_flash
 
     q, k, v, _ = model_layout(2, 4, 2, 1024 + 37, head_dim)
-    settings = AttentionSettings(backend="gluon", fix=fix)
+    settings = AttentionSettings(backend="gluon", fix=fix, out_fill=NAN)
+    monkeypatch.setattr(gluon_flash, "FWD_ROW_DIVIDE", False)
+    monkeypatch.setattr(gluon_flash, "FWD_O_TMA", False)
     for v_scale in (1.0, 2.0**-70, 2.0**66):
         v_scaled = (v.float() * v_scale).to(v.dtype)
         nm = gluon_flash.prepare(q, k, v_scaled, settings)
         outs = []
-        for row_divide in (False, True):
-            monkeypatch.setattr(gluon_flash, "FWD_ROW_DIVIDE", row_divide)
+        for on in (False, True):
+            monkeypatch.setattr(gluon_flash, switch, on)
             outs.append(gluon_flash.forward(q, k, v_scaled, settings, nm)[:3])
         assert all(torch.equal(a, b) for a, b in zip(*outs)), f"seed={seed} V*{v_scale}"
         assert torch.isfinite(outs[1][0]).all(), f"seed={seed} V*{v_scale}"

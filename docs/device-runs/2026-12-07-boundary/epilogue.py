@@ -18,13 +18,13 @@ from kernels.modes import AttentionSettings
 
 SOURCE = Path(gf.__file__).read_text()
 DIVIDE = "        o = gl.div_rn(acc, l_o[:, None])\n"
-O_STORE = "    gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)\n"
+O_STORE = "        gl.store(O + o_off, o_out.to(O.dtype.element_ty), mask=row_ok)\n"
 LSE_STORE = "    gl.store(LSE + bh * T + rows, lse, mask=rows < T)\n"
 REMOVED = {  # copy name -> (line of the epilogue, its stand-in)
     "no division": [(DIVIDE, "        o = acc\n")],
-    "no O store": [(O_STORE, "    pass\n")],
+    "no O store": [(O_STORE, "        pass\n")],
     "no LSE store": [(LSE_STORE, "    pass\n")],
-    "none of the three": [(DIVIDE, "        o = acc\n"), (O_STORE, "    pass\n"), (LSE_STORE, "    pass\n")],
+    "none of the three": [(DIVIDE, "        o = acc\n"), (O_STORE, "        pass\n"), (LSE_STORE, "    pass\n")],
 }
 
 

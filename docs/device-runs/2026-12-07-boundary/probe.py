@@ -1,6 +1,6 @@
 """Device probe of kernels/gluon_flash.py, 2026-12-07 (boundary): ``../2026-12-06-d64/probe.py`` (check and time,
 same cases and columns) with O divided by one reciprocal per row ("gluon row divide", ``FWD_ROW_DIVIDE``) beside
-the element division (call 1b also timed the cross-tile order, since removed). VARIANTS set module attributes of
+the element division, and the bf16 O by TMA ("gluon O by TMA", ``FWD_O_TMA``) (call 1b also timed the cross-tile order, since removed). VARIANTS set module attributes of
 kernels.gluon_flash while timing.
 
     PYTHONPATH=. python docs/device-runs/2026-12-07-boundary/probe.py time [--shapes 8,12,1024,64 ...] [--only ...]
@@ -14,8 +14,9 @@ base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(base)
 
 base.VARIANTS = {  # explicit values, whichever division is the default
-    "gluon element divide": {"FWD_ROW_DIVIDE": False},
-    "gluon row divide": {"FWD_ROW_DIVIDE": True},
+    "gluon element divide": {"FWD_ROW_DIVIDE": False, "FWD_O_TMA": False},
+    "gluon row divide": {"FWD_ROW_DIVIDE": True, "FWD_O_TMA": False},
+    "gluon O by TMA": {"FWD_ROW_DIVIDE": False, "FWD_O_TMA": True},  # the bf16 O staged in shared memory
     # ("gluon xtile" and "gluon xtile row divide", timed in call 1b, went with FWD_CROSS_TILE after it)
 }
 
