@@ -102,10 +102,10 @@ FWD_O32_TMA = True
 FWD_Q_SLOTS = 1
 # O = acc / l divided with one refined reciprocal per row (``_div_rows``) instead of gl.div_rn per element, whose
 # machine code is 64 serial blocks per thread at head_dim 128. Same bits as gl.div_rn (exact-arithmetic check in
-# docs/device-runs/2026-12-07-boundary/division_check.py; 42 GPU cases and tests/gpu/test_attention_gluon_gpu.py),
-# but its first form made the forward 3-15% slower (H100, docs/attention-kernel.md, 2026-12-07 second session: its
-# range test cost more instructions than the divisions). The present form's leaner test is not yet timed: off.
-FWD_ROW_DIVIDE = False
+# docs/device-runs/2026-12-07-boundary/division_check.py; GPU cases in same_bits.py and
+# tests/gpu/test_attention_gluon_gpu.py). Its first form made the forward 3-15% slower (its range test cost more
+# than the divisions); the present one, with the bf16 O by TMA, 0-4.5% faster (H100, 2026-12-07-boundary, call 4).
+FWD_ROW_DIVIDE = True
 # The consumers stage the bf16 O in shared memory and a TMA store writes it, as FA3 does, instead of plain stores
 # from the product's register layout (4-byte stores, eight rows a warp instruction). Where the FP32 O's buffers no
 # longer fit beside it (fix=fp32_output at head_dim 128) the FP32 O goes by plain stores (`_fwd_store_plan`).

@@ -21,7 +21,8 @@ DEFAULT = {"FWD_Q_SLOTS": 1, "FWD_ROW_DIVIDE": False, "FWD_O_TMA": False}
 # 2026-12-07-boundary's call 1b; their runs are in this folder's and that folder's logs)
 VARIANTS = {"2 Q slots": {"FWD_Q_SLOTS": 2},
             "row divide": {"FWD_ROW_DIVIDE": True},  # 2026-12-07-boundary: O = acc / l, one reciprocal per row
-            "O by TMA": {"FWD_O_TMA": True}}  # 2026-12-07-boundary: the bf16 O staged in shared memory, TMA store
+            "O by TMA": {"FWD_O_TMA": True},
+            "O by TMA + row divide": {"FWD_O_TMA": True, "FWD_ROW_DIVIDE": True}}  # 2026-12-07-boundary: the bf16 O staged in shared memory, TMA store
 
 
 def forward_with(values, *args, **kwargs):
