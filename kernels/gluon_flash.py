@@ -7,7 +7,8 @@ them the way FA3 does on Hopper (Shah et al., "FlashAttention-3", arXiv 2407.086
 - forward: persistent, one CTA per SM, each taking tiles of 128 query rows of one head from a global counter as it
   finishes one (heaviest causal blocks first, in sections of heads whose K and V fit in L2). A 1-warp producer
   partition streams K and V tiles by TMA through a ring of shared-memory stages; two 4-warp consumer warpgroups own
-  64 query rows each and take the stages in turn. Inside a consumer the next tile's Q K^T is issued before this
+  64 query rows each and take the stages in turn, and stage their share of O in shared memory for a TMA store
+  (FA3's epilogue). Inside a consumer the next tile's Q K^T is issued before this
   tile's softmax (FA3's order); in the machine code ptxas waits for the running PV product before the softmax's
   exponentials, so the softmax overlaps the other warpgroup's products, not its own (holding the wait back was
   measured no faster: docs/attention-kernel.md, Speed);
@@ -90,8 +91,8 @@ FWD_L2_SECTION_BYTES = 16 << 20
 # With fix=fp32_output the consumers stage the FP32 O in shared memory and a TMA store writes it (one 32 KiB buffer
 # per consumer at head_dim 128), so the next tile starts while the copy runs; False: plain stores from registers.
 # Timed on an H200 and an H100 (device run 2026-12-05-o32, calls 1 and 5): no difference beyond the timing noise;
-# kept because it halves the forward's global store instructions.
-# (where shared memory allows: `_fwd_o32_arg`)
+# kept because it halves the forward's global store instructions. Where shared memory allows (`_fwd_store_plan`): not
+# at head_dim 128 beside the bf16 O's buffers (FWD_O_TMA), which measured the better use of that space.
 FWD_O32_TMA = True
 # Q slots per consumer. With 2 the producer loads the next tile's Q while this tile runs (into the slot released at
 # the end of the tile before) instead of after this tile's last product. The 2026-12-06 clock trace
@@ -109,8 +110,9 @@ FWD_ROW_DIVIDE = True
 # The consumers stage the bf16 O in shared memory and a TMA store writes it, as FA3 does, instead of plain stores
 # from the product's register layout (4-byte stores, eight rows a warp instruction). Where the FP32 O's buffers no
 # longer fit beside it (fix=fp32_output at head_dim 128) the FP32 O goes by plain stores (`_fwd_store_plan`).
-# 8 stmatrix per consumer thread in place of 32 global stores at head_dim 128. Same bits; forward 4-7% faster on an
-# H100 (docs/device-runs/2026-12-07-boundary, call 2).
+# 8 stmatrix per consumer thread in place of 32 half-filled 4-byte global stores at head_dim 128. Same bits; forward
+# 3-7% faster on an H100, also at head_dim 128 with fix=fp32_output, where the FP32 O then goes by plain stores
+# (docs/device-runs/2026-12-07-boundary, calls 2 and 4).
 FWD_O_TMA = True
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
