@@ -548,6 +548,10 @@ BWD_BLOCK_N = 128  # keys per CTA (64 per warpgroup of the 8-warp compute partit
 BWD_STAGES = 2  # Q / dO ring depth
 BWD_PRODUCER_REGS = 24
 BWD_WRITER_REGS = 24  # the dQ writer warp: a TMA issue and the counter, few registers
+# With ordered dQ the first key tile to reach a query tile (its turn 0) writes its share with a TMA store instead of
+# a reduce-add, so dQ's FP32 buffer needs no zeroing beforehand (a memset of B x H x T x head_dim x 4 bytes: 67 MB
+# at (4,16,2048,128)). Same sums (0 + x = x; only the sign of a zero share can differ). Built, not yet timed: off.
+BWD_DQ_FIRST_STORE = False
 
 
 @gluon.jit
@@ -696,7 +700,7 @@ def _async_proxy_acquire(token):
 @gluon.jit
 def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks, GROUP,
                    H, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                   DETERMINISTIC: gl.constexpr):
+                   DETERMINISTIC: gl.constexpr, FIRST_STORE: gl.constexpr):
     """1 warp: adds each of this key tile's dQ shares (unscaled, from the compute partition's double buffer) into
     rows m_idx * BLOCK_M.. of the FP32 buffer (B, H, T, head_dim) with one TMA reduce-add, so the compute warps
     never wait on global memory (FA3's dQ writer). Rows past T are not written (TMA bounds).
@@ -704,8 +708,9 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
     DETERMINISTIC: the key tiles that touch a query tile add in a fixed order, from the last to the first: a
     per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn (acquire), adds,
     waits until the add is performed in global memory, and counts itself (release). So every element of dQ sums its
-    shares in the same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish
-    (the same FP32 sums in another order)."""
+    shares in the same order on every run: bit-reproducible. FIRST_STORE (with DETERMINISTIC): the tile whose turn
+    is first stores its share instead (the buffer starts unwritten). Otherwise the adds land in the order the tiles
+    finish (the same FP32 sums in another order)."""
     lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     token = gl.zeros([32], gl.int32, lane)
     for it in range(GROUP * n_m):
@@ -723,7 +728,13 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
             while seen != last - n_blk:
                 seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
             token = _async_proxy_acquire(token)
-        _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+        if FIRST_STORE and DETERMINISTIC:
+            if n_blk == last:  # turn 0: nothing is in these rows yet
+                _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+            else:
+                _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+        else:
+            _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
         if DETERMINISTIC:
             token = _bulk_writes_done(token)
             _barrier()  # the lane that waited for the add precedes the lane that releases the counter
@@ -737,7 +748,8 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
 def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
                 DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, ROWS_TMA: gl.constexpr,
-                DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
+                DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
+                FIRST_STORE: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
     it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
@@ -800,7 +812,7 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
         (_bwd_dq_writer, (DQ32, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks,
-                          GROUP, H, BLOCK_M, BLOCK_N, CAUSAL, DETERMINISTIC)),
+                          GROUP, H, BLOCK_M, BLOCK_N, CAUSAL, DETERMINISTIC, FIRST_STORE)),
     ], [1, 1], [PRODUCER_REGS, WRITER_REGS])
 
 
@@ -936,7 +948,10 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     delta_launch, delta = triton_flash._delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
     delta_launch()
     dq, dk, dv = triton_flash._backward_outputs(q, k, v, fill)
-    dq32 = torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
+    first_store = BWD_DQ_FIRST_STORE and deterministic
+    # FP32 sums of dQ: zeros for the adds, or (first_store) written whole by the first share of each tile
+    dq32 = _new((bsz, heads, seq, dim), torch.float32, q.device, fill) if first_store else \
+        torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
     block_m = BWD_BLOCK_M[dim]
     n_m_total = triton.cdiv(seq, block_m)
     sem = torch.zeros(bsz * heads * n_m_total if deterministic else 1, dtype=torch.int32, device=q.device)
@@ -949,16 +964,19 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
                       _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg,
                       _rows_descriptor(dq32, block_m), sem, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
                       dv.stride(0), dv.stride(1), dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale,
-                      nm.sm_scale, **_bwd_flags(deterministic, causal, rows_tma))
+                      nm.sm_scale, **_bwd_flags(deterministic, causal, rows_tma, first_store))
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 
 
-def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool) -> dict:
-    """The backward launch's compile-time options (kernels.offline_compile compiles the same ones)."""
+def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: bool | None = None) -> dict:
+    """The backward launch's compile-time options (kernels.offline_compile compiles the same ones); first_store:
+    BWD_DQ_FIRST_STORE's choice for this launch (default: the module's, with ordered dQ)."""
+    if first_store is None:
+        first_store = BWD_DQ_FIRST_STORE and deterministic
     return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
                 DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
-                num_warps=8, maxnreg=MAXNREG)
+                FIRST_STORE=bool(first_store), num_warps=8, maxnreg=MAXNREG)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -138,6 +138,24 @@ def test_epilogue_variants_give_the_bits_of_the_default(switch, head_dim, fix, m
         assert torch.isfinite(outs[1][0]).all(), f"seed={seed} V*{v_scale}"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_first_dq_share_stored_gives_the_gradients_of_adds_into_zeros(head_dim, causal, monkeypatch, seed):
+    """BWD_DQ_FIRST_STORE (ordered dQ): the first key tile of each query tile stores its share into an unzeroed
+    (here NaN-filled) FP32 buffer instead of adding it to zeros. Same dQ, dK, dV (torch.equal: 0 + x = x), every
+    element written; grouped heads and a ragged length (rows past T)."""
+    from kernels import gluon_flash
+
+    q, k, v, d_out = model_layout(2, 4, 2, 1024 + 36, head_dim)
+    runs = []
+    for first_store in (False, True):
+        monkeypatch.setattr(gluon_flash, "BWD_DQ_FIRST_STORE", first_store)
+        runs.append(out_and_grads(gluon, q, k, v, d_out, causal=causal, deterministic=True)[1])
+    msg = f"seed={seed} causal={causal}"
+    assert all(torch.isfinite(g).all() for g in runs[1]), f"{msg}: a dQ element no share wrote"
+    assert all(torch.equal(a, b) for a, b in zip(*runs)), msg
+
+
 def test_delta_stress_and_fp32_output_through_gluon(seed):
     """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
     delta, so its gradients are fp32_output's bit for bit; gain 1 with random signs is a finite run."""

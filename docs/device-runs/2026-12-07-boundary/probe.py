@@ -18,6 +18,9 @@ base.VARIANTS = {  # explicit values, whichever division is the default
     "gluon row divide": {"FWD_ROW_DIVIDE": True, "FWD_O_TMA": False},
     "gluon O by TMA": {"FWD_ROW_DIVIDE": False, "FWD_O_TMA": True},  # the bf16 O staged in shared memory
     "gluon O by TMA + row divide": {"FWD_ROW_DIVIDE": True, "FWD_O_TMA": True},
+    # the backward with ordered dQ: the first share of each query tile added into zeros (now) or stored
+    "gluon first add": {"BWD_DQ_FIRST_STORE": False},
+    "gluon first store": {"BWD_DQ_FIRST_STORE": True},
     # ("gluon xtile" and "gluon xtile row divide", timed in call 1b, went with FWD_CROSS_TILE after it)
 }
 
