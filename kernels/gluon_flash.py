@@ -107,12 +107,11 @@ FWD_Q_SLOTS = 1
 # tests/gpu/test_attention_gluon_gpu.py). Its first form made the forward 3-15% slower (its range test cost more
 # than the divisions); the present one, with the bf16 O by TMA, 0-4.5% faster (H100, 2026-12-07-boundary, call 4).
 FWD_ROW_DIVIDE = True
-# The consumers stage the bf16 O in shared memory and a TMA store writes it, as FA3 does, instead of plain stores
-# from the product's register layout (4-byte stores, eight rows a warp instruction). Where the FP32 O's buffers no
-# longer fit beside it (fix=fp32_output at head_dim 128) the FP32 O goes by plain stores (`_fwd_store_plan`).
-# 8 stmatrix per consumer thread in place of 32 half-filled 4-byte global stores at head_dim 128. Same bits; forward
-# 3-7% faster on an H100, also at head_dim 128 with fix=fp32_output, where the FP32 O then goes by plain stores
-# (docs/device-runs/2026-12-07-boundary, calls 2 and 4).
+# The consumers stage the bf16 O in shared memory (8 stmatrix per thread at head_dim 128) and a TMA store writes
+# it, as FA3 does, instead of 32 plain 4-byte stores from the product's register layout, each warp instruction
+# half-filling eight 32-byte sectors. Where the FP32 O's buffers no longer fit beside it (fix=fp32_output at
+# head_dim 128) the FP32 O goes by plain stores (`_fwd_store_plan`). Same bits; forward 3-7% faster on an H100, at
+# head_dim 128 with fp32_output too (docs/device-runs/2026-12-07-boundary, calls 2 and 4).
 FWD_O_TMA = True
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
@@ -921,20 +920,22 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
                       heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
                       nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
                       FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=o_tma, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
+                      Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=o_tma, O32_TMA=o32_tma,
+                      CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
                       num_warps=4, maxnreg=MAXNREG)
     return out, lse, o32
 
 
 def _fwd_store_plan(store_o32: bool, head_dim: int, q_slots: int, o_tma_wanted: bool | None = None):
-    """(O_TMA, O32_TMA): whether the bf16 O (FWD_O_TMA, or ``o_tma_wanted``) and the FP32 O (FWD_O32_TMA, where the mode keeps it) go
-    through shared-memory buffers and TMA stores, each where its two buffers (one per consumer) still fit beside
+    """(O_TMA, O32_TMA): whether the bf16 O (FWD_O_TMA, or ``o_tma_wanted``) and the FP32 O (FWD_O32_TMA, where
+    the mode keeps it) go through shared-memory buffers and TMA stores, each where its two buffers (one per consumer) still fit beside
     Q's slots and the K/V ring, the bf16 O's first (at head_dim 128 with the FP32 O, or with two Q slots, the FP32
     O's 64 KiB do not fit)."""
     half = FWD_BLOCK_M // 2
     used = 2 * q_slots * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
     used += 1024  # barriers and alignment
-    o_tma = (FWD_O_TMA if o_tma_wanted is None else o_tma_wanted) and used + 2 * half * head_dim * 2 <= SHARED_MEMORY_BYTES
+    wanted = FWD_O_TMA if o_tma_wanted is None else o_tma_wanted
+    o_tma = wanted and used + 2 * half * head_dim * 2 <= SHARED_MEMORY_BYTES
     used += 2 * half * head_dim * 2 if o_tma else 0
     o32_tma = store_o32 and FWD_O32_TMA and used + 2 * half * head_dim * 4 <= SHARED_MEMORY_BYTES
     return o_tma, o32_tma

@@ -9,9 +9,10 @@ PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. O
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
 static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with the other
-division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``), backward with
-both dQ orders (the ordered one also with the other way of writing a tile's first dQ share, ``BWD_DQ_FIRST_STORE``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its
-PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
+division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
+backward with both dQ orders (the ordered one also with the other way of writing a tile's first dQ share,
+``BWD_DQ_FIRST_STORE``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
+with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
 (between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
 the softmax overlaps the product. Every line counts the machine code's spill stores (``STL``: values ptxas could not
