@@ -928,9 +928,9 @@ def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_ke
 
 def _fwd_store_plan(store_o32: bool, head_dim: int, q_slots: int, o_tma_wanted: bool | None = None):
     """(O_TMA, O32_TMA): whether the bf16 O (FWD_O_TMA, or ``o_tma_wanted``) and the FP32 O (FWD_O32_TMA, where
-    the mode keeps it) go through shared-memory buffers and TMA stores, each where its two buffers (one per consumer) still fit beside
-    Q's slots and the K/V ring, the bf16 O's first (at head_dim 128 with the FP32 O, or with two Q slots, the FP32
-    O's 64 KiB do not fit)."""
+    the mode keeps it) go through shared-memory buffers and TMA stores, each where its two buffers (one per
+    consumer) still fit beside Q's slots and the K/V ring, the bf16 O's first (at head_dim 128 with the FP32 O, or
+    with two Q slots, the FP32 O's 64 KiB do not fit)."""
     half = FWD_BLOCK_M // 2
     used = 2 * q_slots * half * head_dim * 2 + FWD_STAGES[head_dim] * 2 * FWD_BLOCK_N * head_dim * 2
     used += 1024  # barriers and alignment
