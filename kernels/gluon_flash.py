@@ -552,6 +552,11 @@ BWD_WRITER_REGS = 24  # the dQ writer warp: a TMA issue and the counter, few reg
 # at (4,16,2048,128)). Same sums (0 + x = x; only the sign of a zero share can differ). fwd+bwd 5-7% faster with
 # ordered dQ on an H100, same gradients (docs/device-runs/2026-12-07-boundary, call 6).
 BWD_DQ_FIRST_STORE = True
+# The same with atomic dQ: the first key tile in the ordered mode's turn order (the diagonal one when causal, which
+# reaches the query tile first) stores its share and raises a per-tile flag; the others wait for the flag, then add
+# in the order they finish. No memset; the key tiles launch in the ordered mode's order (last first), so that a
+# tile never waits for one not yet launched. Built, not yet run on a GPU: off.
+BWD_ATOMIC_FIRST_STORE = False
 
 
 @gluon.jit
@@ -708,9 +713,10 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
     DETERMINISTIC: the key tiles that touch a query tile add in a fixed order, from the last to the first: a
     per-(head, query tile) counter in SEM says how many have added; this tile waits for its turn (acquire), adds,
     waits until the add is performed in global memory, and counts itself (release). So every element of dQ sums its
-    shares in the same order on every run: bit-reproducible. FIRST_STORE (with DETERMINISTIC): the tile whose turn
-    is first stores its share instead (the buffer starts unwritten). Otherwise the adds land in the order the tiles
-    finish (the same FP32 sums in another order)."""
+    shares in the same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish
+    (the same FP32 sums in another order). FIRST_STORE: the tile whose turn is first in the ordered mode stores its
+    share instead (the buffer starts unwritten); without DETERMINISTIC it then raises the counter, and the other
+    tiles wait only for that before they add."""
     lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     token = gl.zeros([32], gl.int32, lane)
     for it in range(GROUP * n_m):
@@ -718,28 +724,42 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
         m_idx = m_first + it % n_m
         buf = it % 2
         mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
-        if DETERMINISTIC:
+        if DETERMINISTIC or FIRST_STORE:
             if CAUSAL:
                 last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
             else:
                 last = n_blocks - 1
             sem = SEM + (b * H + h) * n_m_total + m_idx
+        if DETERMINISTIC:
             seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
             while seen != last - n_blk:
                 seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
             token = _async_proxy_acquire(token)
-        if FIRST_STORE and DETERMINISTIC:
-            if n_blk == last:  # turn 0: nothing is in these rows yet
-                _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+            if FIRST_STORE:
+                if n_blk == last:  # turn 0: nothing is in these rows yet
+                    _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+                else:
+                    _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
             else:
                 _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
-        else:
-            _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
-        if DETERMINISTIC:
             token = _bulk_writes_done(token)
             _barrier()  # the lane that waited for the add precedes the lane that releases the counter
             gl.atomic_add(sem, 1, sem="release", scope="gpu")
+        elif FIRST_STORE:  # atomic order behind a stored first share
+            if n_blk == last:
+                _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+                token = _bulk_writes_done(token)
+                _barrier()  # the lane that waited for the store precedes the lane that raises the flag
+                gl.atomic_add(sem, 1, sem="release", scope="gpu")
+            else:
+                seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+                while seen == 0:
+                    seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
+                token = _async_proxy_acquire(token)
+                _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
+                tma.store_wait(0)
         else:
+            _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
             tma.store_wait(0)
         mbarrier.arrive(dq_empty.index(buf), count=1)
 
@@ -751,15 +771,16 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
                 DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
                 FIRST_STORE: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
-    run from the last to the first in launch order when DETERMINISTIC (a tile only waits for tiles launched before
-    it, so the order cannot deadlock, and the causal ones are the shortest first, as FA3 orders them), else from the
-    first (the heaviest causal ones) to the last. DQ32: a TMA descriptor of dQ's FP32 buffer."""
+    run from the last to the first in launch order when DETERMINISTIC or FIRST_STORE (a tile only waits for tiles
+    launched before it, so the order cannot deadlock however few of them are resident, and the causal ones are the
+    shortest first, as FA3 orders them), else from the first (the heaviest causal ones) to the last. DQ32: a TMA
+    descriptor of dQ's FP32 buffer."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     dtype: gl.constexpr = k_desc.dtype
     n_blocks = gl.cdiv(T, BLOCK_N)
-    if DETERMINISTIC:
+    if DETERMINISTIC or FIRST_STORE:  # a tile may wait for a later key tile of its head: launched before it
         n_blk = n_blocks - 1 - gl.program_id(0)
     else:
         n_blk = gl.program_id(0)
@@ -950,13 +971,14 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     delta_launch, delta = triton_flash._delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
     delta_launch()
     dq, dk, dv = triton_flash._backward_outputs(q, k, v, fill)
-    first_store = BWD_DQ_FIRST_STORE and deterministic
+    first_store = BWD_DQ_FIRST_STORE if deterministic else BWD_ATOMIC_FIRST_STORE
     # FP32 sums of dQ: zeros for the adds, or (first_store) written whole by the first share of each tile
     dq32 = _new((bsz, heads, seq, dim), torch.float32, q.device, fill) if first_store else \
         torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
     block_m = BWD_BLOCK_M[dim]
     n_m_total = triton.cdiv(seq, block_m)
-    sem = torch.zeros(bsz * heads * n_m_total if deterministic else 1, dtype=torch.int32, device=q.device)
+    counters = deterministic or first_store  # a turn counter (a first-share flag) per query tile
+    sem = torch.zeros(bsz * heads * n_m_total if counters else 1, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
     lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
     rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
@@ -973,9 +995,10 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
 
 def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: bool | None = None) -> dict:
     """The backward launch's compile-time options (kernels.offline_compile compiles the same ones); first_store:
-    BWD_DQ_FIRST_STORE's choice for this launch (default: the module's, with ordered dQ)."""
+    whether a query tile's first dQ share is stored (default: BWD_DQ_FIRST_STORE with ordered dQ,
+    BWD_ATOMIC_FIRST_STORE with atomic dQ)."""
     if first_store is None:
-        first_store = BWD_DQ_FIRST_STORE and deterministic
+        first_store = BWD_DQ_FIRST_STORE if deterministic else BWD_ATOMIC_FIRST_STORE
     return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
                 DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
                 FIRST_STORE=bool(first_store), num_warps=8, maxnreg=MAXNREG)

@@ -10,8 +10,8 @@ PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. O
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
 static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with the other
 division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
-backward with both dQ orders (the ordered one also with the other way of writing a tile's first dQ share,
-``BWD_DQ_FIRST_STORE``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
+backward with both dQ orders, each also with the other way of writing a tile's first dQ share
+(``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
 with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
 wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
 (between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
@@ -110,8 +110,9 @@ def configurations(quick: bool = False):
         dq32 = torch.empty(b, h, t, dim)
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        # both dQ orders as launched, and the ordered one with the other way of writing a tile's first dQ share
-        for deterministic, first_store in ((True, None), (False, None), (True, not gf.BWD_DQ_FIRST_STORE)):
+        # both dQ orders as launched, and each with the other way of writing a tile's first dQ share
+        for deterministic, first_store in ((True, None), (False, None), (True, not gf.BWD_DQ_FIRST_STORE),
+                                           (False, not gf.BWD_ATOMIC_FIRST_STORE)):
             kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True, first_store=first_store)
             args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
                     gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),

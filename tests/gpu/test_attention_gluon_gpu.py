@@ -156,6 +156,26 @@ def test_first_dq_share_stored_gives_the_gradients_of_adds_into_zeros(head_dim, 
     assert all(torch.equal(a, b) for a, b in zip(*runs)), msg
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_first_dq_share_stored_under_atomic_adds(head_dim, causal, monkeypatch, seed):
+    """BWD_ATOMIC_FIRST_STORE (atomic dQ): the first key tile of each query tile in the ordered turn order stores
+    its share into the unzeroed (here NaN-filled) buffer and raises a flag; the others add after it in any order.
+    Every dQ element written; dQ the ordered dQ's FP32 sums in another order (as the plain atomic mode's), dK and dV
+    identical; grouped heads and a ragged length."""
+    from kernels import gluon_flash
+
+    q, k, v, d_out = model_layout(2, 4, 2, 1024 + 36, head_dim)
+    ordered = out_and_grads(gluon, q, k, v, d_out, causal=causal, deterministic=True)[1]
+    monkeypatch.setattr(gluon_flash, "BWD_ATOMIC_FIRST_STORE", True)
+    atomic = out_and_grads(gluon, q, k, v, d_out, causal=causal, deterministic=False)[1]
+    msg = f"seed={seed} causal={causal}"
+    assert torch.isfinite(atomic[0]).all(), f"{msg}: a dQ element no share wrote"
+    assert torch.equal(atomic[1], ordered[1]) and torch.equal(atomic[2], ordered[2]), f"{msg}: dk, dv"
+    assert (atomic[0] != ordered[0]).float().mean() < 0.05, msg
+    assert rel_err(atomic[0], ordered[0]) < torch.finfo(torch.bfloat16).eps, msg
+
+
 def test_delta_stress_and_fp32_output_through_gluon(seed):
     """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
     delta, so its gradients are fp32_output's bit for bit; gain 1 with random signs is a finite run."""

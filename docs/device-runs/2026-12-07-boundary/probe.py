@@ -21,6 +21,8 @@ base.VARIANTS = {  # explicit values, whichever division is the default
     # the backward with ordered dQ: the first share of each query tile added into zeros (now) or stored
     "gluon first add": {"BWD_DQ_FIRST_STORE": False},
     "gluon first store": {"BWD_DQ_FIRST_STORE": True},
+    # the backward with atomic dQ: adds into zeros (now) or behind a stored first share
+    "gluon atomic first store": {"BWD_ATOMIC_FIRST_STORE": True},
     # ("gluon xtile" and "gluon xtile row divide", timed in call 1b, went with FWD_CROSS_TILE after it)
 }
 
