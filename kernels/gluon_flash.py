@@ -66,6 +66,14 @@ def _tma_reduce_add_op(tensor_desc, coord, src, _semantic=None):
 
 _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_op
 
+
+@builtin
+def _smem_reinterpret(smem, dtype, shape, layout, _semantic=None):
+    """The same shared-memory bytes seen with another dtype, shape and layout (``reinterpret`` in Triton 3.9's
+    Gluon, ``_reinterpret`` before)."""
+    method = getattr(smem, "reinterpret", None) or smem._reinterpret
+    return method(dtype, shape, layout, _semantic=_semantic)
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -557,6 +565,10 @@ BWD_DQ_FIRST_STORE = True
 # in the order they finish. No memset; the key tiles launch in the ordered mode's order (last first), so that a
 # tile never waits for one not yet launched. Built, not yet run on a GPU: off.
 BWD_ATOMIC_FIRST_STORE = False
+# dK and dV leave a key tile by TMA from shared memory (the dQ double buffer, free once the writer warp has read
+# its last share: 2 x 64 x head_dim FP32 = 2 x 128 x head_dim bf16) instead of plain 4-byte stores from the
+# products' registers, as the forward's O does (FWD_O_TMA). Built, not yet run on a GPU: off.
+BWD_DKV_TMA = False
 
 
 @gluon.jit
@@ -590,11 +602,12 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
                  dq_full, dq_empty, LSE, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh,
                  stride_dvt, b, hk, start_n, m_first, n_m, GROUP, H, T, exp_scale, sm_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
+                 ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr, DKV_TMA: gl.constexpr):
     """The 8-warp compute partition: per query tile, S^T = K Q^T and dP^T = V dO^T (issued together), P^T from
     LSE, dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands, dS^T into shared memory for dQ's
     share dS K, which goes through the double buffer ``dq_smem`` to the writer warp (``_bwd_dq_writer``).
-    DQ_UNDER_DK: dQ's product is issued before dK's and its share handed on while dK's runs."""
+    DQ_UNDER_DK: dQ's product is issued before dK's and its share handed on while dK's runs. DKV_TMA: DK and DV are
+    TMA descriptors (blocks of BLOCK_N rows) and dK, dV leave through ``dq_smem``."""
     dtype: gl.constexpr = k_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -665,13 +678,27 @@ def _bwd_compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, de
             mbarrier.arrive(qdo_empty.index(stage), count=1)
             _bwd_hand_on_dq(dq_share, it, dq_smem, dq_full, dq_empty)
     # epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rounded once
-    cols_kv = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    ok = (cols_kv < T)[:, None]
-    gl.store(DK + b * stride_dkb + hk * stride_dkh + cols_kv[:, None] * stride_dkt + offs_d[None, :],
-             (dk * sm_scale).to(dtype), mask=ok)
-    gl.store(DV + b * stride_dvb + hk * stride_dvh + cols_kv[:, None] * stride_dvt + offs_d[None, :], dv.to(dtype),
-             mask=ok)
+    if DKV_TMA:
+        # both dQ buffers are free once the writer has released them for the next two hand-ons
+        n_it = GROUP * n_m
+        mbarrier.wait(dq_empty.index(n_it % 2), ((n_it // 2) & 1) ^ 1)
+        mbarrier.wait(dq_empty.index((n_it + 1) % 2), (((n_it + 1) // 2) & 1) ^ 1)
+        dkv = _smem_reinterpret(dq_smem, dtype, [2] + DK.block_type.shape, DK.layout)
+        dkv.index(0).reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(dtype))
+        dkv.index(1).reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dtype))
+        fence_async_shared()  # the stores are seen by the TMA unit (the async proxy)
+        _barrier()  # both warpgroups' rows are in before one thread issues the copies
+        _tma_store(DK, [b, hk, start_n, 0], dkv.index(0))
+        _tma_store(DV, [b, hk, start_n, 0], dkv.index(1))
+        tma.store_wait(0)  # the buffer lives until the copies have read it
+    else:
+        cols_kv = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        ok = (cols_kv < T)[:, None]
+        gl.store(DK + b * stride_dkb + hk * stride_dkh + cols_kv[:, None] * stride_dkt + offs_d[None, :],
+                 (dk * sm_scale).to(dtype), mask=ok)
+        gl.store(DV + b * stride_dvb + hk * stride_dvh + cols_kv[:, None] * stride_dvt + offs_d[None, :],
+                 dv.to(dtype), mask=ok)
 
 
 @gluon.jit
@@ -769,7 +796,7 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
                 stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
                 DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, ROWS_TMA: gl.constexpr,
                 DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
-                FIRST_STORE: gl.constexpr):
+                FIRST_STORE: gl.constexpr, DKV_TMA: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC or FIRST_STORE (a tile only waits for tiles
     launched before it, so the order cannot deadlock however few of them are resident, and the causal ones are the
@@ -828,7 +855,7 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
         (_bwd_compute, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, qdo_ready,
                         qdo_empty, dq_full, dq_empty, LSE, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkt,
                         stride_dvb, stride_dvh, stride_dvt, b, hk, start_n, m_first, n_m, GROUP, H, T, exp_scale,
-                        sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, ROWS_TMA, DQ_UNDER_DK)),
+                        sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, ROWS_TMA, DQ_UNDER_DK, DKV_TMA)),
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
@@ -984,24 +1011,35 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
     if not rows_tma:
         lse_arg, delta_arg = lse, delta
+    dk_arg, dv_arg = _bwd_dkv_args(dk, dv, BWD_DKV_TMA)
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
                       _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg,
-                      _rows_descriptor(dq32, block_m), sem, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+                      _rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dk.stride(0), dk.stride(1), dk.stride(2),
                       dv.stride(0), dv.stride(1), dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale,
-                      nm.sm_scale, **_bwd_flags(deterministic, causal, rows_tma, first_store))
+                      nm.sm_scale, **_bwd_flags(deterministic, causal, rows_tma, first_store, BWD_DKV_TMA))
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 
 
-def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: bool | None = None) -> dict:
+def _bwd_dkv_args(dk: torch.Tensor, dv: torch.Tensor, dkv_tma: bool):
+    """The backward's DK and DV arguments: TMA descriptors of key tiles (dkv_tma), else the tensors."""
+    if dkv_tma:
+        return _rows_descriptor(dk, BWD_BLOCK_N), _rows_descriptor(dv, BWD_BLOCK_N)
+    return dk, dv
+
+
+def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: bool | None = None,
+               dkv_tma: bool | None = None) -> dict:
     """The backward launch's compile-time options (kernels.offline_compile compiles the same ones); first_store:
     whether a query tile's first dQ share is stored (default: BWD_DQ_FIRST_STORE with ordered dQ,
-    BWD_ATOMIC_FIRST_STORE with atomic dQ)."""
+    BWD_ATOMIC_FIRST_STORE with atomic dQ); dkv_tma: BWD_DKV_TMA's choice (default: the module's)."""
     if first_store is None:
         first_store = BWD_DQ_FIRST_STORE if deterministic else BWD_ATOMIC_FIRST_STORE
+    if dkv_tma is None:
+        dkv_tma = BWD_DKV_TMA
     return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
                 DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
-                FIRST_STORE=bool(first_store), num_warps=8, maxnreg=MAXNREG)
+                FIRST_STORE=bool(first_store), DKV_TMA=bool(dkv_tma), num_warps=8, maxnreg=MAXNREG)
 
 
 # ----------------------------------------------------------------------------------------------------------------

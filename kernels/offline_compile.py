@@ -11,9 +11,10 @@ stochastic_output (the Triton kernel's hash helpers called from Gluon) with the 
 static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with the other
 division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
 backward with both dQ orders, each also with the other way of writing a tile's first dQ share
-(``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
-with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the
-wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
+(``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), the ordered one with the other way of writing dK and dV
+(``BWD_DKV_TMA``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
+with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine
+code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
 (between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
 the softmax overlaps the product. Every line counts the machine code's spill stores (``STL``: values ptxas could not
 keep in registers; PTX cannot show them). Each line ends with ptxas's performance messages for that kernel (the
@@ -93,8 +94,8 @@ def configurations(quick: bool = False):
             o_arg = gf._rows_descriptor(o, gf.FWD_BLOCK_M // 2) if o_tma else o
             o32_arg = gf._rows_descriptor(o32, gf.FWD_BLOCK_M // 2) if o32_tma else o32
             args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
-                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o_arg, o32_arg, lse, keys, counter, *o.stride()[:3], h, 1, t,
-                    b * h, gf._heads_per_section(q, k), 0, 0.18)
+                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o_arg, o32_arg, lse, keys, counter, *o.stride()[:3],
+                    h, 1, t, b * h, gf._heads_per_section(q, k), 0, 0.18)
             kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
                           STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, O32_TMA=o32_tma,
                           **{**choice, "O_TMA": o_tma},
@@ -111,15 +112,20 @@ def configurations(quick: bool = False):
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         # both dQ orders as launched, and each with the other way of writing a tile's first dQ share
-        for deterministic, first_store in ((True, None), (False, None), (True, not gf.BWD_DQ_FIRST_STORE),
-                                           (False, not gf.BWD_ATOMIC_FIRST_STORE)):
-            kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True, first_store=first_store)
+        # (and the ordered one with the other way of writing dK and dV)
+        for deterministic, first_store, dkv_tma in (
+                (True, None, None), (False, None, None), (True, not gf.BWD_DQ_FIRST_STORE, None),
+                (False, not gf.BWD_ATOMIC_FIRST_STORE, None), (True, None, not gf.BWD_DKV_TMA)):
+            kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True, first_store=first_store,
+                                   dkv_tma=dkv_tma)
+            dk_arg, dv_arg = gf._bwd_dkv_args(dk, dv, kwargs["DKV_TMA"])
             args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
                     gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m),
                     gf._rows_descriptor(dq32, block_m), sem,
-                    dk, dv, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
+                    dk_arg, dv_arg, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
             extra = "" if first_store is None else (" first store" if first_store else " first add")
+            extra += "" if dkv_tma is None else (" dK dV by TMA" if dkv_tma else " dK dV stored")
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}{extra}", gf._bwd_kernel,
                         args, kwargs))
     return [c for c in out if c[0] in QUICK] if quick else out

@@ -176,6 +176,27 @@ def test_first_dq_share_stored_under_atomic_adds(head_dim, causal, monkeypatch, 
     assert rel_err(atomic[0], ordered[0]) < torch.finfo(torch.bfloat16).eps, msg
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered-dQ", "atomic-dQ"])
+def test_dk_dv_by_tma_give_the_bits_of_plain_stores(head_dim, deterministic, monkeypatch, seed):
+    """BWD_DKV_TMA: dK and dV staged in the dQ double buffer and written by TMA give the bits of plain stores
+    (NaN-filled outputs: an element no copy writes shows; a ragged length: rows past T must not be written),
+    grouped heads, causal and not; dQ unchanged."""
+    from kernels import gluon_flash
+
+    q, k, v, d_out = model_layout(2, 4, 2, 1024 + 36, head_dim)
+    for causal in (True, False):
+        runs = []
+        for on in (False, True):
+            monkeypatch.setattr(gluon_flash, "BWD_DKV_TMA", on)
+            runs.append(out_and_grads(gluon, q, k, v, d_out, causal=causal, deterministic=deterministic)[1])
+        msg = f"seed={seed} causal={causal}"
+        assert all(torch.isfinite(g).all() for g in runs[1]), f"{msg}: an element no launch wrote"
+        assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2]), f"{msg}: dk, dv"
+        if deterministic:
+            assert torch.equal(runs[0][0], runs[1][0]), f"{msg}: dq"
+
+
 def test_delta_stress_and_fp32_output_through_gluon(seed):
     """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
     delta, so its gradients are fp32_output's bit for bit; gain 1 with random signs is a finite run."""

@@ -23,6 +23,8 @@ base.VARIANTS = {  # explicit values, whichever division is the default
     "gluon first store": {"BWD_DQ_FIRST_STORE": True},
     # the backward with atomic dQ: adds into zeros (now) or behind a stored first share
     "gluon atomic first store": {"BWD_ATOMIC_FIRST_STORE": True},
+    # dK and dV by plain stores (now) or by TMA from the dQ double buffer
+    "gluon dK dV by TMA": {"BWD_DKV_TMA": True},
     # ("gluon xtile" and "gluon xtile row divide", timed in call 1b, went with FWD_CROSS_TILE after it)
 }
 

@@ -5,7 +5,8 @@
 #     no result);
 #  2. in one run, the ordered dQ (first share stored) against the atomic dQ, plain and with a stored first share
 #     (BWD_ATOMIC_FIRST_STORE, built 2026-12-07, off; its GPU test is in the tier), both arms' numerics, 3 shapes,
-#     cuDNN beside them (is the atomic order still the faster one?);
+#     cuDNN beside them (is the atomic order still the faster one?), and dK, dV by TMA (BWD_DKV_TMA, built
+#     2026-12-07, off; its GPU test is in the tier);
 #  3. GPT-2 small compiled, the fixed arm per backend against the SDPA cuDNN trainer (the issue's training target).
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 { nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader; sha256sum kernels/*.py; } \
@@ -13,9 +14,10 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 head -1 $OUT/call1_machine.txt
 bash docs/device-runs/gpu_tier.sh /tmp/tier 240 2>&1 | tee $OUT/call1_summary.txt
 (cd /tmp/tier && tar czf $OUT/call1_logs.tgz *.log)
-timeout 130 python3 docs/device-runs/2026-12-07-boundary/probe.py time --rep 20 \
+timeout 160 python3 docs/device-runs/2026-12-07-boundary/probe.py time --rep 20 \
   --shapes 8,12,1024,64 4,16,2048,128 4,16,4096,128 \
   --only "gluon first store none det" "gluon first store none atomic" "gluon first store fp32_output det" \
   "gluon first store fp32_output atomic" "gluon atomic first store none atomic" \
-  "gluon atomic first store fp32_output atomic" 2>&1 | grep -v Warning | tee $OUT/call1_time.log
+  "gluon atomic first store fp32_output atomic" "gluon dK dV by TMA none det" \
+  "gluon dK dV by TMA fp32_output det" 2>&1 | grep -v Warning | tee $OUT/call1_time.log
 GPT2_LIMIT=200 bash docs/device-runs/2026-12-03-gluon/call4.sh gpt2
