@@ -45,6 +45,17 @@ def out_and_grads(fn, q, k, v, d_out, **kw):
     return out.detach(), [t.grad for t in leaves]
 
 
+def grads_per_switch(monkeypatch, switch, q, k, v, d_out, **kw):
+    """The Gluon gradients with kernels.gluon_flash's ``switch`` off, then on."""
+    from kernels import gluon_flash
+
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(gluon_flash, switch, on)
+        runs.append(out_and_grads(gluon, q, k, v, d_out, **kw)[1])
+    return runs
+
+
 CASES = ([(fix, torch.bfloat16, True, d) for fix in GLUON_FIXES for d in (64, 128)]
          + [("none", torch.float16, True, 64), ("fp32_output", torch.bfloat16, False, 128)])
 
@@ -144,13 +155,8 @@ def test_first_dq_share_stored_gives_the_gradients_of_adds_into_zeros(head_dim, 
     """BWD_DQ_FIRST_STORE (ordered dQ): the first key tile of each query tile stores its share into an unzeroed
     (here NaN-filled) FP32 buffer instead of adding it to zeros. Same dQ, dK, dV (torch.equal: 0 + x = x), every
     element written; grouped heads and a ragged length (rows past T)."""
-    from kernels import gluon_flash
-
     q, k, v, d_out = model_layout(2, 4, 2, 1024 + 36, head_dim)
-    runs = []
-    for first_store in (False, True):
-        monkeypatch.setattr(gluon_flash, "BWD_DQ_FIRST_STORE", first_store)
-        runs.append(out_and_grads(gluon, q, k, v, d_out, causal=causal, deterministic=True)[1])
+    runs = grads_per_switch(monkeypatch, "BWD_DQ_FIRST_STORE", q, k, v, d_out, causal=causal, deterministic=True)
     msg = f"seed={seed} causal={causal}"
     assert all(torch.isfinite(g).all() for g in runs[1]), f"{msg}: a dQ element no share wrote"
     assert all(torch.equal(a, b) for a, b in zip(*runs)), msg
@@ -182,14 +188,9 @@ def test_dk_dv_by_tma_give_the_bits_of_plain_stores(head_dim, deterministic, mon
     """BWD_DKV_TMA: dK and dV staged in the dQ double buffer and written by TMA give the bits of plain stores
     (NaN-filled outputs: an element no copy writes shows; a ragged length: rows past T must not be written),
     grouped heads, causal and not; dQ unchanged."""
-    from kernels import gluon_flash
-
     q, k, v, d_out = model_layout(2, 4, 2, 1024 + 36, head_dim)
     for causal in (True, False):
-        runs = []
-        for on in (False, True):
-            monkeypatch.setattr(gluon_flash, "BWD_DKV_TMA", on)
-            runs.append(out_and_grads(gluon, q, k, v, d_out, causal=causal, deterministic=deterministic)[1])
+        runs = grads_per_switch(monkeypatch, "BWD_DKV_TMA", q, k, v, d_out, causal=causal, deterministic=deterministic)
         msg = f"seed={seed} causal={causal}"
         assert all(torch.isfinite(g).all() for g in runs[1]), f"{msg}: an element no launch wrote"
         assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2]), f"{msg}: dk, dv"
