@@ -998,25 +998,27 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     delta_launch, delta = triton_flash._delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
     delta_launch()
     dq, dk, dv = triton_flash._backward_outputs(q, k, v, fill)
-    first_store = BWD_DQ_FIRST_STORE if deterministic else BWD_ATOMIC_FIRST_STORE
+    block_m = BWD_BLOCK_M[dim]
+    # the options before the buffers: whether a tile's first dQ share is stored decides how dQ's buffer starts
+    lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
+    rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
+    flags = _bwd_flags(deterministic, causal, rows_tma)
+    first_store = flags["FIRST_STORE"]
     # FP32 sums of dQ: zeros for the adds, or (first_store) written whole by the first share of each tile
     dq32 = _new((bsz, heads, seq, dim), torch.float32, q.device, fill) if first_store else \
         torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
-    block_m = BWD_BLOCK_M[dim]
     n_m_total = triton.cdiv(seq, block_m)
     counters = deterministic or first_store  # a turn counter (a first-share flag) per query tile
     sem = torch.zeros(bsz * heads * n_m_total if counters else 1, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
-    lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
-    rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
     if not rows_tma:
         lse_arg, delta_arg = lse, delta
-    dk_arg, dv_arg = _bwd_dkv_args(dk, dv, BWD_DKV_TMA)
+    dk_arg, dv_arg = _bwd_dkv_args(dk, dv, flags["DKV_TMA"])
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
                       _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg,
                       _rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dk.stride(0), dk.stride(1), dk.stride(2),
                       dv.stride(0), dv.stride(1), dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale,
-                      nm.sm_scale, **_bwd_flags(deterministic, causal, rows_tma, first_store, BWD_DKV_TMA))
+                      nm.sm_scale, **flags)
     triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 
