@@ -569,6 +569,12 @@ BWD_ATOMIC_FIRST_STORE = False
 # its last share: 2 x 64 x head_dim FP32 = 2 x 128 x head_dim bf16) instead of plain 4-byte stores from the
 # products' registers, as the forward's O does (FWD_O_TMA). Built, not yet run on a GPU: off.
 BWD_DKV_TMA = False
+# With ordered dQ the key tile whose turn is last for a query tile (key tile 0, which every query tile meets) also
+# finishes that tile's dQ: once its add is performed in global memory its writer warp loads the tile's FP32 sums
+# back (TMA, from L2), scales and rounds them and stores dQ, so the separate finishing launch (a read of the whole
+# FP32 buffer, B x H x T x head_dim x 4 bytes, and a write of dQ) goes. Same bits: the same product of the same
+# sums, rounded the same way (``_bwd_dq_round_out``). Built, not yet run on a GPU: off.
+BWD_DQ_FINISH = False
 
 
 @gluon.jit
@@ -730,9 +736,31 @@ def _async_proxy_acquire(token):
 
 
 @gluon.jit
-def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks, GROUP,
-                   H, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                   DETERMINISTIC: gl.constexpr, FIRST_STORE: gl.constexpr):
+def _bwd_dq_round_out(sums, DQ, b, h, stride_dqb, stride_dqh, stride_dqt, m0, T, sm_scale):
+    """dQ rows m0.. = LP(sm_scale * sums) from a shared-memory tile of FP32 sums (one query tile's, in the TMA
+    descriptor's 128-byte-swizzled layout), as ``triton_flash``'s dQ finishing launch computes them (a product, one
+    rounding), rows past T not written. One warp, in blocks of 8 rows x 32 columns (one swizzle span: 8 values per
+    thread, so the writer's few registers suffice; two 16-byte shared loads and one 16-byte store per block)."""
+    BLOCK_M: gl.constexpr = sums.shape[2]
+    HEAD_DIM: gl.constexpr = sums.shape[3]
+    tile = sums.reshape([BLOCK_M, HEAD_DIM])
+    block: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 1], [1, 0])
+    r = gl.arange(0, 8, layout=gl.SliceLayout(1, block))
+    c = gl.arange(0, 32, layout=gl.SliceLayout(0, block))
+    base = DQ + b * stride_dqb + h * stride_dqh
+    for i in gl.static_range(BLOCK_M // 8):
+        rows = m0 + i * 8 + r
+        for j in gl.static_range(HEAD_DIM // 32):
+            x = tile.slice(i * 8, 8, dim=0).slice(j * 32, 32, dim=1).load(block)
+            gl.store(base + rows[:, None] * stride_dqt + (j * 32 + c)[None, :],
+                     (x * sm_scale).to(DQ.dtype.element_ty), mask=(rows < T)[:, None])
+
+
+@gluon.jit
+def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride_dqb, stride_dqh, stride_dqt, b, hk,
+                   n_blk, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, sm_scale, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                   FIRST_STORE: gl.constexpr, FINISH: gl.constexpr):
     """1 warp: adds each of this key tile's dQ shares (unscaled, from the compute partition's double buffer) into
     rows m_idx * BLOCK_M.. of the FP32 buffer (B, H, T, head_dim) with one TMA reduce-add, so the compute warps
     never wait on global memory (FA3's dQ writer). Rows past T are not written (TMA bounds).
@@ -743,9 +771,11 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
     shares in the same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish
     (the same FP32 sums in another order). FIRST_STORE: the tile whose turn is first in the ordered mode stores its
     share instead (the buffer starts unwritten); without DETERMINISTIC it then raises the counter, and the other
-    tiles wait only for that before they add."""
+    tiles wait only for that before they add. FINISH (with DETERMINISTIC): the last turn (key tile 0) then writes
+    the tile's dQ = LP(sm_scale * sum) (``_bwd_dq_round_out``), which the dQ finishing launch does otherwise."""
     lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     token = gl.zeros([32], gl.int32, lane)
+    fin_phase = 0
     for it in range(GROUP * n_m):
         h = hk * GROUP + it // n_m
         m_idx = m_first + it % n_m
@@ -772,6 +802,15 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
             token = _bulk_writes_done(token)
             _barrier()  # the lane that waited for the add precedes the lane that releases the counter
             gl.atomic_add(sem, 1, sem="release", scope="gpu")
+            if FINISH:
+                if n_blk == 0:  # the last turn: the sum is complete (and performed: the wait above)
+                    # the share's buffer is free (the add has read it): the sums come back into it from L2
+                    mbarrier.expect(fin_bar, dq_desc.block_type.nbytes)
+                    _tma_load(dq_desc, [b, h, m_idx * BLOCK_M, 0], fin_bar, dq_smem.index(buf))
+                    mbarrier.wait(fin_bar, fin_phase)
+                    fin_phase ^= 1
+                    _bwd_dq_round_out(dq_smem.index(buf), DQ, b, h, stride_dqb, stride_dqh, stride_dqt,
+                                      m_idx * BLOCK_M, T, sm_scale)
         elif FIRST_STORE:  # atomic order behind a stored first share
             if n_blk == last:
                 _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
@@ -792,16 +831,16 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_fir
 
 
 @gluon.jit
-def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, stride_dkb, stride_dkh, stride_dkt,
-                stride_dvb, stride_dvh, stride_dvt, H, GROUP, T, exp_scale, sm_scale, CAUSAL: gl.constexpr,
-                DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr, ROWS_TMA: gl.constexpr,
-                DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
-                FIRST_STORE: gl.constexpr, DKV_TMA: gl.constexpr):
+def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, DQ, stride_dkb, stride_dkh,
+                stride_dkt, stride_dvb, stride_dvh, stride_dvt, stride_dqb, stride_dqh, stride_dqt, H, GROUP, T,
+                exp_scale, sm_scale, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, STAGES: gl.constexpr,
+                ROWS_TMA: gl.constexpr, DQ_UNDER_DK: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                WRITER_REGS: gl.constexpr, FIRST_STORE: gl.constexpr, DKV_TMA: gl.constexpr, FINISH: gl.constexpr):
     """dK, dV of one key tile of one k/v head (summed over its GROUP query heads) and its shares of dQ. Key tiles
     run from the last to the first in launch order when DETERMINISTIC or FIRST_STORE (a tile only waits for tiles
     launched before it, so the order cannot deadlock however few of them are resident, and the causal ones are the
     shortest first, as FA3 orders them), else from the first (the heaviest causal ones) to the last. DQ32: a TMA
-    descriptor of dQ's FP32 buffer."""
+    descriptor of dQ's FP32 buffer; DQ: dQ itself, written here when FINISH (ordered dQ only)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -847,6 +886,11 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
     for i in gl.static_range(2):
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
+    if FINISH:  # the writer's loads of finished sums
+        fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(fin_bar, count=1)
+    else:
+        fin_bar = kv_bar  # unused
     fence_async_shared()
 
     # dQ's shares, double-buffered between the compute partition and the writer warp
@@ -859,8 +903,9 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
         (_bwd_producer, (k_desc, v_desc, q_desc, do_desc, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, lse_smem,
                          delta_smem, kv_bar, qdo_ready, qdo_empty, b, hk, start_n, m_first, n_m, GROUP, H, BLOCK_M,
                          STAGES, ROWS_TMA)),
-        (_bwd_dq_writer, (DQ32, dq_smem, dq_full, dq_empty, SEM, b, hk, n_blk, m_first, n_m, n_m_total, n_blocks,
-                          GROUP, H, BLOCK_M, BLOCK_N, CAUSAL, DETERMINISTIC, FIRST_STORE)),
+        (_bwd_dq_writer, (DQ32, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride_dqb, stride_dqh, stride_dqt, b,
+                          hk, n_blk, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, sm_scale, BLOCK_M, BLOCK_N,
+                          CAUSAL, DETERMINISTIC, FIRST_STORE, FINISH)),
     ], [1, 1], [PRODUCER_REGS, WRITER_REGS])
 
 
@@ -1016,10 +1061,11 @@ def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None
     dk_arg, dv_arg = _bwd_dkv_args(dk, dv, flags["DKV_TMA"])
     _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
                       _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg,
-                      _rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dk.stride(0), dk.stride(1), dk.stride(2),
-                      dv.stride(0), dv.stride(1), dv.stride(2), heads, heads // kv_heads, seq, nm.exp_scale,
-                      nm.sm_scale, **flags)
-    triton_flash.dq_finish_launch(dq32, dq, nm)()
+                      _rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dq, dk.stride(0), dk.stride(1),
+                      dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+                      heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, **flags)
+    if not flags["FINISH"]:  # dQ = LP(scale * sums) in a launch of its own
+        triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 
 
@@ -1031,17 +1077,21 @@ def _bwd_dkv_args(dk: torch.Tensor, dv: torch.Tensor, dkv_tma: bool):
 
 
 def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: bool | None = None,
-               dkv_tma: bool | None = None) -> dict:
+               dkv_tma: bool | None = None, finish: bool | None = None) -> dict:
     """The backward launch's compile-time options (kernels.offline_compile compiles the same ones); first_store:
     whether a query tile's first dQ share is stored (default: BWD_DQ_FIRST_STORE with ordered dQ,
-    BWD_ATOMIC_FIRST_STORE with atomic dQ); dkv_tma: BWD_DKV_TMA's choice (default: the module's)."""
+    BWD_ATOMIC_FIRST_STORE with atomic dQ); dkv_tma: BWD_DKV_TMA's choice; finish: whether the last turn writes dQ
+    (BWD_DQ_FINISH's choice; ordered dQ only). None: the module's choice."""
     if first_store is None:
         first_store = BWD_DQ_FIRST_STORE if deterministic else BWD_ATOMIC_FIRST_STORE
     if dkv_tma is None:
         dkv_tma = BWD_DKV_TMA
+    if finish is None:
+        finish = BWD_DQ_FINISH
     return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
                 DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
-                FIRST_STORE=bool(first_store), DKV_TMA=bool(dkv_tma), num_warps=8, maxnreg=MAXNREG)
+                FIRST_STORE=bool(first_store), DKV_TMA=bool(dkv_tma), FINISH=bool(finish and deterministic),
+                num_warps=8, maxnreg=MAXNREG)
 
 
 # ----------------------------------------------------------------------------------------------------------------

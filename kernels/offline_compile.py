@@ -12,7 +12,7 @@ static schedule, fp32_output also with the other number of Q slots per consumer 
 division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
 backward with both dQ orders, each also with the other way of writing a tile's first dQ share
 (``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), the ordered one with the other way of writing dK and dV
-(``BWD_DKV_TMA``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
+(``BWD_DKV_TMA``) and of finishing dQ (``BWD_DQ_FINISH``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
 with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine
 code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
 (between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
@@ -111,21 +111,24 @@ def configurations(quick: bool = False):
         dq32 = torch.empty(b, h, t, dim)
         sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dq = torch.empty_like(q)
         # both dQ orders as launched, and each with the other way of writing a tile's first dQ share
-        # (and the ordered one with the other way of writing dK and dV)
-        for deterministic, first_store, dkv_tma in (
-                (True, None, None), (False, None, None), (True, not gf.BWD_DQ_FIRST_STORE, None),
-                (False, not gf.BWD_ATOMIC_FIRST_STORE, None), (True, None, not gf.BWD_DKV_TMA)):
+        # (and the ordered one with the other way of writing dK and dV, and of finishing dQ)
+        for deterministic, first_store, dkv_tma, finish in (
+                (True, None, None, None), (False, None, None, None), (True, not gf.BWD_DQ_FIRST_STORE, None, None),
+                (False, not gf.BWD_ATOMIC_FIRST_STORE, None, None), (True, None, not gf.BWD_DKV_TMA, None),
+                (True, None, None, not gf.BWD_DQ_FINISH)):
             kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True, first_store=first_store,
-                                   dkv_tma=dkv_tma)
+                                   dkv_tma=dkv_tma, finish=finish)
             dk_arg, dv_arg = gf._bwd_dkv_args(dk, dv, kwargs["DKV_TMA"])
             args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
                     gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
                     gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m),
-                    gf._rows_descriptor(dq32, block_m), sem,
-                    dk_arg, dv_arg, *dk.stride()[:3], *dv.stride()[:3], h, 1, t, 0.18, 0.125)
+                    gf._rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dq, *dk.stride()[:3],
+                    *dv.stride()[:3], *dq.stride()[:3], h, 1, t, 0.18, 0.125)
             extra = "" if first_store is None else (" first store" if first_store else " first add")
             extra += "" if dkv_tma is None else (" dK dV by TMA" if dkv_tma else " dK dV stored")
+            extra += "" if finish is None else (" dQ finished" if finish else " dQ finish launch")
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}{extra}", gf._bwd_kernel,
                         args, kwargs))
     return [c for c in out if c[0] in QUICK] if quick else out

@@ -198,6 +198,22 @@ def test_dk_dv_by_tma_give_the_bits_of_plain_stores(head_dim, deterministic, mon
             assert torch.equal(runs[0][0], runs[1][0]), f"{msg}: dq"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dq_finished_by_the_last_turn_gives_the_bits_of_the_finishing_launch(head_dim, monkeypatch, seed):
+    """BWD_DQ_FINISH (ordered dQ): key tile 0's writer, the last to add into each query tile, loads the finished
+    FP32 sums back and writes dQ = LP(scale * sums) itself, with the bits of the separate finishing launch.
+    NaN-filled outputs (a dQ element nobody writes shows), dQ strided like the model's q, a ragged length (rows
+    past T must not be written), grouped heads, causal and not, fp16, and a sequence of one key tile (whose only
+    share is stored, then finished)."""
+    for seq, causal, dtype in ((1024 + 36, True, torch.bfloat16), (1024 + 36, False, torch.bfloat16),
+                               (700, True, torch.float16), (100, True, torch.bfloat16)):
+        q, k, v, d_out = model_layout(2, 4, 2, seq, head_dim, dtype)
+        runs = grads_per_switch(monkeypatch, "BWD_DQ_FINISH", q, k, v, d_out, causal=causal, deterministic=True)
+        msg = f"seed={seed} seq={seq} causal={causal} {dtype}"
+        assert all(torch.isfinite(g).all() for g in runs[1]), f"{msg}: an element no launch wrote"
+        assert all(torch.equal(a, b) for a, b in zip(*runs)), f"{msg}: dq, dk, dv"
+
+
 def test_delta_stress_and_fp32_output_through_gluon(seed):
     """The delta-error stress runs on the Gluon backward (the delta launch is shared): gain 0 is fp32_output's
     delta, so its gradients are fp32_output's bit for bit; gain 1 with random signs is a finite run."""
