@@ -569,11 +569,13 @@ BWD_ATOMIC_FIRST_STORE = False
 # its last share: 2 x 64 x head_dim FP32 = 2 x 128 x head_dim bf16) instead of plain 4-byte stores from the
 # products' registers, as the forward's O does (FWD_O_TMA). Built, not yet run on a GPU: off.
 BWD_DKV_TMA = False
-# With ordered dQ the key tile whose turn is last for a query tile (key tile 0, which every query tile meets) also
-# finishes that tile's dQ: once its add is performed in global memory its writer warp loads the tile's FP32 sums
-# back (TMA, from L2), scales and rounds them and stores dQ, so the separate finishing launch (a read of the whole
-# FP32 buffer, B x H x T x head_dim x 4 bytes, and a write of dQ) goes. Same bits: the same product of the same
-# sums, rounded the same way (``_bwd_dq_round_out``). Built, not yet run on a GPU: off.
+# The key tile that adds last into a query tile also finishes that tile's dQ: once its add is performed in global
+# memory its writer warp loads the tile's FP32 sums back (TMA, from L2), scales and rounds them and stores dQ, so
+# the separate finishing launch (a read of the whole FP32 buffer, B x H x T x head_dim x 4 bytes, and a write of
+# dQ) goes. Ordered dQ: the last turn (key tile 0, which every query tile meets). Atomic dQ behind a stored first
+# share (BWD_ATOMIC_FIRST_STORE): each add, once performed, counts itself, and the one that completes the count
+# finishes (plain atomic dQ keeps the launch). Same bits: the same product of the same sums, rounded the same way
+# (``_bwd_dq_round_out``). Built, not yet run on a GPU: off.
 BWD_DQ_FINISH = False
 
 
@@ -757,6 +759,19 @@ def _bwd_dq_round_out(sums, DQ, b, h, stride_dqb, stride_dqh, stride_dqt, m0, T,
 
 
 @gluon.jit
+def _bwd_dq_finish(dq_desc, buffer, fin_bar, fin_phase, DQ, b, h, stride_dqb, stride_dqh, stride_dqt, m0, T,
+                   sm_scale):
+    """The writer's last add into a query tile is performed: the tile's FP32 sums come back from L2 into the
+    share's buffer (free: the add has read it) and leave as dQ (``_bwd_dq_round_out``). Returns the next phase
+    of ``fin_bar``."""
+    mbarrier.expect(fin_bar, dq_desc.block_type.nbytes)
+    _tma_load(dq_desc, [b, h, m0, 0], fin_bar, buffer)
+    mbarrier.wait(fin_bar, fin_phase)
+    _bwd_dq_round_out(buffer, DQ, b, h, stride_dqb, stride_dqh, stride_dqt, m0, T, sm_scale)
+    return fin_phase ^ 1
+
+
+@gluon.jit
 def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride_dqb, stride_dqh, stride_dqt, b, hk,
                    n_blk, m_first, n_m, n_m_total, n_blocks, GROUP, H, T, sm_scale, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
@@ -771,8 +786,10 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride
     shares in the same order on every run: bit-reproducible. Otherwise the adds land in the order the tiles finish
     (the same FP32 sums in another order). FIRST_STORE: the tile whose turn is first in the ordered mode stores its
     share instead (the buffer starts unwritten); without DETERMINISTIC it then raises the counter, and the other
-    tiles wait only for that before they add. FINISH (with DETERMINISTIC): the last turn (key tile 0) then writes
-    the tile's dQ = LP(sm_scale * sum) (``_bwd_dq_round_out``), which the dQ finishing launch does otherwise."""
+    tiles wait only for that before they add. FINISH: the tile that adds last also writes the query tile's dQ =
+    LP(sm_scale * sum) (``_bwd_dq_finish``), which the dQ finishing launch does otherwise: with DETERMINISTIC the
+    last turn (key tile 0); else (FIRST_STORE) the one whose performed add brings the counter to the number of
+    adds."""
     lane: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     token = gl.zeros([32], gl.int32, lane)
     fin_phase = 0
@@ -804,26 +821,34 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride
             gl.atomic_add(sem, 1, sem="release", scope="gpu")
             if FINISH:
                 if n_blk == 0:  # the last turn: the sum is complete (and performed: the wait above)
-                    # the share's buffer is free (the add has read it): the sums come back into it from L2
-                    mbarrier.expect(fin_bar, dq_desc.block_type.nbytes)
-                    _tma_load(dq_desc, [b, h, m_idx * BLOCK_M, 0], fin_bar, dq_smem.index(buf))
-                    mbarrier.wait(fin_bar, fin_phase)
-                    fin_phase ^= 1
-                    _bwd_dq_round_out(dq_smem.index(buf), DQ, b, h, stride_dqb, stride_dqh, stride_dqt,
-                                      m_idx * BLOCK_M, T, sm_scale)
+                    fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h,
+                                               stride_dqb, stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
         elif FIRST_STORE:  # atomic order behind a stored first share
             if n_blk == last:
                 _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
                 token = _bulk_writes_done(token)
                 _barrier()  # the lane that waited for the store precedes the lane that raises the flag
                 gl.atomic_add(sem, 1, sem="release", scope="gpu")
+                if FINISH:
+                    if last == 0:  # the only share
+                        fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h,
+                                                   stride_dqb, stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
             else:
                 seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
                 while seen == 0:
                     seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
                 token = _async_proxy_acquire(token)
                 _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
-                tma.store_wait(0)
+                if FINISH:  # count the add once it is performed: the tile that brings the count to last finishes
+                    token = _bulk_writes_done(token)
+                    _barrier()  # the lane that waited for the add precedes the lane that counts it
+                    before = gl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
+                    if before == last:  # the stored share and every other add are in
+                        token = _async_proxy_acquire(token)
+                        fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h,
+                                                   stride_dqb, stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
+                else:
+                    tma.store_wait(0)
         else:
             _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
             tma.store_wait(0)
@@ -1081,7 +1106,7 @@ def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: b
     """The backward launch's compile-time options (kernels.offline_compile compiles the same ones); first_store:
     whether a query tile's first dQ share is stored (default: BWD_DQ_FIRST_STORE with ordered dQ,
     BWD_ATOMIC_FIRST_STORE with atomic dQ); dkv_tma: BWD_DKV_TMA's choice; finish: whether the last turn writes dQ
-    (BWD_DQ_FINISH's choice; ordered dQ only). None: the module's choice."""
+    (BWD_DQ_FINISH's choice; with atomic dQ only behind a stored first share). None: the module's choice."""
     if first_store is None:
         first_store = BWD_DQ_FIRST_STORE if deterministic else BWD_ATOMIC_FIRST_STORE
     if dkv_tma is None:
@@ -1090,7 +1115,8 @@ def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: b
         finish = BWD_DQ_FINISH
     return dict(CAUSAL=bool(causal), DETERMINISTIC=bool(deterministic), STAGES=BWD_STAGES, ROWS_TMA=rows_tma,
                 DQ_UNDER_DK=BWD_DQ_UNDER_DK, PRODUCER_REGS=BWD_PRODUCER_REGS, WRITER_REGS=BWD_WRITER_REGS,
-                FIRST_STORE=bool(first_store), DKV_TMA=bool(dkv_tma), FINISH=bool(finish and deterministic),
+                FIRST_STORE=bool(first_store), DKV_TMA=bool(dkv_tma),
+                FINISH=bool(finish and (deterministic or first_store)),  # the finisher needs the turn counters
                 num_warps=8, maxnreg=MAXNREG)
 
 

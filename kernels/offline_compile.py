@@ -12,7 +12,8 @@ static schedule, fp32_output also with the other number of Q slots per consumer 
 division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
 backward with both dQ orders, each also with the other way of writing a tile's first dQ share
 (``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), the ordered one with the other way of writing dK and dV
-(``BWD_DKV_TMA``) and of finishing dQ (``BWD_DQ_FINISH``), head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
+(``BWD_DKV_TMA``) and of finishing dQ (``BWD_DQ_FINISH``, also behind the atomic dQ's stored first share),
+head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
 with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine
 code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
 (between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
@@ -117,7 +118,7 @@ def configurations(quick: bool = False):
         for deterministic, first_store, dkv_tma, finish in (
                 (True, None, None, None), (False, None, None, None), (True, not gf.BWD_DQ_FIRST_STORE, None, None),
                 (False, not gf.BWD_ATOMIC_FIRST_STORE, None, None), (True, None, not gf.BWD_DKV_TMA, None),
-                (True, None, None, not gf.BWD_DQ_FINISH)):
+                (True, None, None, not gf.BWD_DQ_FINISH), (False, True, None, not gf.BWD_DQ_FINISH)):
             kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True, first_store=first_store,
                                    dkv_tma=dkv_tma, finish=finish)
             dk_arg, dv_arg = gf._bwd_dkv_args(dk, dv, kwargs["DKV_TMA"])

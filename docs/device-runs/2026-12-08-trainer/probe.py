@@ -1,6 +1,7 @@
 """Device probe of kernels/gluon_flash.py, 2026-12-08: ``../2026-12-07-boundary/probe.py`` (the same cases, columns
-and variants) with one more variant, "gluon dQ finished" (``BWD_DQ_FINISH``, built 2026-12-08: with ordered dQ the
-last key tile to add into a query tile writes its dQ, and the separate finishing launch goes).
+and variants) with two more variants: "gluon dQ finished" (``BWD_DQ_FINISH``, built 2026-12-08: the key tile that adds last into
+a query tile writes its dQ, and the separate finishing launch goes; ordered dQ) and "gluon atomic first store dQ
+finished" (the same behind the atomic dQ's stored first share).
 
     PYTHONPATH=. python docs/device-runs/2026-12-08-trainer/probe.py time [--shapes 8,12,1024,64 ...] [--only ...]
 """
@@ -14,6 +15,7 @@ boundary = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(boundary)
 
 boundary.base.VARIANTS["gluon dQ finished"] = {"BWD_DQ_FINISH": True}
+boundary.base.VARIANTS["gluon atomic first store dQ finished"] = {"BWD_ATOMIC_FIRST_STORE": True, "BWD_DQ_FINISH": True}
 
 if __name__ == "__main__":
     sys.exit(boundary.base.main())
