@@ -1022,26 +1022,41 @@ def _heads_per_section(q: torch.Tensor, k: torch.Tensor) -> int:
 def _forward(q, k, v, causal: bool, nm: Numerics, head_offset: int = 0, noise_keys=None, fill: float | None = None):
     """(O like q, LSE (B, H, T) FP32, the FP32 O where the mode keeps it, else an empty tensor); every tensor
     last-dim contiguous and ``unsupported`` None. Same contract as kernels.triton_flash's forward."""
-    bsz, heads, seq, dim = q.shape
     out, lse, o32 = triton_flash._forward_outputs(q, nm.keeps_fp32_output, fill)
-    keys = triton_flash._keys_arg(nm, noise_keys, bsz, q.device)
+    keys = triton_flash._keys_arg(nm, noise_keys, q.shape[0], q.device)
+    grid, args, options = _fwd_launch(q, k, v, out, lse, o32, keys, causal, nm, head_offset)
+    _fwd_kernel[grid](*args, **options)
+    return out, lse, o32
+
+
+def _fwd_launch(q, k, v, out, lse, o32, keys, causal: bool, nm: Numerics, head_offset: int = 0,
+                programs: int | None = None, **choices):
+    """(grid, arguments, compile-time options) of the forward's launch, as ``_forward`` makes it and
+    kernels.offline_compile compiles it. ``programs``: the persistent grid's size (default FWD_PERSISTENT per
+    streaming multiprocessor of q's GPU); ``choices``: DYNAMIC, Q_SLOTS, ROW_DIVIDE or O_TMA in place of the
+    module's FWD_ values."""
+    bsz, heads, seq, dim = q.shape
+    choice = dict(DYNAMIC=FWD_DYNAMIC, Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=FWD_O_TMA)
+    unknown = set(choices) - set(choice)
+    if unknown:
+        raise ValueError(f"_fwd_launch: unknown choices {sorted(unknown)}; known: {sorted(choice)}")
+    choice.update(choices)
     half = FWD_BLOCK_M // 2
     work = triton.cdiv(seq, FWD_BLOCK_M) * bsz * heads
-    grid = (min(work, _programs(q.device, FWD_PERSISTENT)), )
-    dynamic = FWD_DYNAMIC and grid[0] < work  # with a program per tile there is nothing left to take
+    grid = (min(work, _programs(q.device, FWD_PERSISTENT) if programs is None else programs), )
+    dynamic = choice["DYNAMIC"] and grid[0] < work  # with a program per tile there is nothing left to take
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse  # (unused when static)
-    o_tma, o32_tma = _fwd_store_plan(nm.keeps_fp32_output, dim, FWD_Q_SLOTS)
+    o_tma, o32_tma = _fwd_store_plan(nm.keeps_fp32_output, dim, choice["Q_SLOTS"], choice["O_TMA"])
     o_arg = _rows_descriptor(out, half) if o_tma else out
     o32_arg = _rows_descriptor(o32, half) if o32_tma else o32
-    _fwd_kernel[grid](_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N),
-                      o_arg, o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads,
-                      heads // k.shape[1], seq, bsz * heads, _heads_per_section(q, k), int(head_offset),
-                      nm.exp_scale, BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal),
-                      FIX=nm.fix, STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic,
-                      Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=o_tma, O32_TMA=o32_tma,
-                      CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS,
-                      num_warps=4, maxnreg=MAXNREG)
-    return out, lse, o32
+    args = (_rows_descriptor(q, half), _rows_descriptor(k, FWD_BLOCK_N), _rows_descriptor(v, FWD_BLOCK_N), o_arg,
+            o32_arg, lse, keys, counter, out.stride(0), out.stride(1), out.stride(2), heads, heads // k.shape[1], seq,
+            bsz * heads, _heads_per_section(q, k), int(head_offset), nm.exp_scale)
+    options = dict(BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal), FIX=nm.fix,
+                   STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic, Q_SLOTS=choice["Q_SLOTS"],
+                   ROW_DIVIDE=choice["ROW_DIVIDE"], O_TMA=o_tma, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS,
+                   PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+    return grid, args, options
 
 
 def _fwd_store_plan(store_o32: bool, head_dim: int, q_slots: int, o_tma_wanted: bool | None = None):
@@ -1062,43 +1077,49 @@ def _fwd_store_plan(store_o32: bool, head_dim: int, q_slots: int, o_tma_wanted: 
 def _backward(d_out, q, k, v, o_saved, lse, causal: bool, nm: Numerics, o32=None, noise_keys=None,
               head_offset: int = 0, fill: float | None = None, deterministic: bool = True):
     """(dq, dk, dv): delta (kernels.triton_flash's launch: plain or amplified), the fused launch, then dQ scaled
-    and rounded from its FP32 sums; every tensor last-dim contiguous and TMA-addressable, d_out in q's dtype."""
-    bsz, heads, seq, dim = q.shape
-    kv_heads = k.shape[1]
+    and rounded from its FP32 sums (in the fused launch with BWD_DQ_FINISH); every tensor last-dim contiguous and
+    TMA-addressable, d_out in q's dtype."""
     delta_launch, delta = triton_flash._delta_launch(d_out, o_saved, nm, o32, noise_keys, head_offset, fill)
     delta_launch()
     dq, dk, dv = triton_flash._backward_outputs(q, k, v, fill)
-    block_m = BWD_BLOCK_M[dim]
-    # the options before the buffers: whether a tile's first dQ share is stored decides how dQ's buffer starts
-    lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
-    rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
-    flags = _bwd_flags(deterministic, causal, rows_tma)
-    first_store = flags["FIRST_STORE"]
-    # FP32 sums of dQ: zeros for the adds, or (first_store) written whole by the first share of each tile
-    dq32 = _new((bsz, heads, seq, dim), torch.float32, q.device, fill) if first_store else \
-        torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
-    n_m_total = triton.cdiv(seq, block_m)
-    counters = deterministic or first_store  # a turn counter (a first-share flag) per query tile
-    sem = torch.zeros(bsz * heads * n_m_total if counters else 1, dtype=torch.int32, device=q.device)
-    grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
-    if not rows_tma:
-        lse_arg, delta_arg = lse, delta
-    dk_arg, dv_arg = _bwd_dkv_args(dk, dv, flags["DKV_TMA"])
-    _bwd_kernel[grid](_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N),
-                      _rows_descriptor(q, block_m), _rows_descriptor(d_out, block_m), lse_arg, delta_arg,
-                      _rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dq, dk.stride(0), dk.stride(1),
-                      dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-                      heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale, **flags)
-    if not flags["FINISH"]:  # dQ = LP(scale * sums) in a launch of its own
+    grid, args, options, dq32 = _bwd_launch(d_out, q, k, v, lse, delta, dq, dk, dv, causal, nm, deterministic, fill)
+    _bwd_kernel[grid](*args, **options)
+    if not options["FINISH"]:  # dQ = LP(scale * sums) in a launch of its own
         triton_flash.dq_finish_launch(dq32, dq, nm)()
     return dq, dk, dv
 
 
-def _bwd_dkv_args(dk: torch.Tensor, dv: torch.Tensor, dkv_tma: bool):
-    """The backward's DK and DV arguments: TMA descriptors of key tiles (dkv_tma), else the tensors."""
-    if dkv_tma:
-        return _rows_descriptor(dk, BWD_BLOCK_N), _rows_descriptor(dv, BWD_BLOCK_N)
-    return dk, dv
+def _bwd_launch(d_out, q, k, v, lse, delta, dq, dk, dv, causal: bool, nm: Numerics, deterministic: bool,
+                fill: float | None = None, **choices):
+    """(grid, arguments, compile-time options, dQ's FP32 buffer) of the fused backward's launch, as ``_backward``
+    makes it and kernels.offline_compile compiles it: the buffer and the per-query-tile counters allocated as the
+    options need them; ``choices``: ``_bwd_flags``'s first_store, dkv_tma or finish in place of the module's."""
+    bsz, heads, seq, dim = q.shape
+    kv_heads = k.shape[1]
+    block_m = BWD_BLOCK_M[dim]
+    # the options before the buffers: whether a tile's first dQ share is stored decides how dQ's buffer starts
+    lse_arg, delta_arg = _row_vectors_descriptor(lse, block_m), _row_vectors_descriptor(delta, block_m)
+    rows_tma = BWD_ROWS_TMA and lse_arg is not None and delta_arg is not None
+    options = _bwd_flags(deterministic, causal, rows_tma, **choices)
+    first_store = options["FIRST_STORE"]
+    # FP32 sums of dQ: zeros for the adds, or (first_store) written whole by the first share of each tile
+    dq32 = _new((bsz, heads, seq, dim), torch.float32, q.device, fill) if first_store else \
+        torch.zeros((bsz, heads, seq, dim), dtype=torch.float32, device=q.device)
+    counters = deterministic or first_store  # a turn counter (a first-share flag) per query tile
+    sem = torch.zeros(bsz * heads * triton.cdiv(seq, block_m) if counters else 1, dtype=torch.int32,
+                      device=q.device)
+    if not rows_tma:
+        lse_arg, delta_arg = lse, delta
+    if options["DKV_TMA"]:  # TMA descriptors of key tiles
+        dk_arg, dv_arg = _rows_descriptor(dk, BWD_BLOCK_N), _rows_descriptor(dv, BWD_BLOCK_N)
+    else:
+        dk_arg, dv_arg = dk, dv
+    args = (_rows_descriptor(k, BWD_BLOCK_N), _rows_descriptor(v, BWD_BLOCK_N), _rows_descriptor(q, block_m),
+            _rows_descriptor(d_out, block_m), lse_arg, delta_arg, _rows_descriptor(dq32, block_m), sem, dk_arg,
+            dv_arg, dq, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2), heads, heads // kv_heads, seq, nm.exp_scale, nm.sm_scale)
+    grid = (triton.cdiv(seq, BWD_BLOCK_N), bsz * kv_heads)
+    return grid, args, options, dq32
 
 
 def _bwd_flags(deterministic: bool, causal: bool, rows_tma: bool, first_store: bool | None = None,

@@ -21,8 +21,10 @@ the softmax overlaps the product. Every line counts the machine code's spill sto
 keep in registers; PTX cannot show them). Each line ends with ptxas's performance messages for that kernel (the
 wheel's ptxas run again with ``-v``), e.g. C7518 when ptxas serialises the asynchronous products of a loop.
 
-It drives Triton's own launch path up to the compile call (binding, specialisation, options) with CPU tensors in
-place of GPU ones; there is no public API for compiling a kernel for another machine's GPU.
+The arguments come from kernels.gluon_flash's own launch helpers (``_fwd_launch``, ``_bwd_launch``, which its GPU
+calls use), given CPU tensors, so this also runs the host side of every launch; it then drives Triton's own launch
+path up to the compile call (binding, specialisation, options): there is no public API for compiling a kernel for
+another machine's GPU.
 """
 
 from __future__ import annotations
@@ -61,75 +63,59 @@ def compile_for_target(fn, args: tuple, kwargs: dict, target=None):
 
 
 QUICK = ("forward d128 fp32_output", "forward d64 stochastic_output", "forward d128 none static schedule",
-         "backward d128 deterministic", "backward d64 atomic dQ")
+         "backward d128 deterministic", "backward d64 atomic dQ", "backward d128 deterministic dQ finished",
+         "backward d64 atomic dQ first store dQ finished")
 
 
 def configurations(quick: bool = False):
-    """(name, kernel, args, kwargs) of the launches kernels.gluon_flash makes, on CPU tensors of the model's layout
+    """(name, kernel, args, kwargs) of the launches kernels.gluon_flash makes, built by its own launch helpers
+    (``_fwd_launch``, ``_bwd_launch``: the arguments a GPU call passes) on CPU tensors of the model's layout
     ((B, T, H, D) seen as (B, H, T, D)), T a multiple of 4 (the backward's TMA row vectors) and not of the tiles."""
     from kernels import gluon_flash as gf
+    from kernels import triton_flash
+    from kernels.modes import AttentionSettings
 
     out = []
     b, h, t = 2, 4, 1000
     for dim in gf.GLUON_HEAD_DIMS:
-        q, k, v, o = (torch.empty(b, t, h, dim, dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
-        o32 = torch.empty(b, t, h, dim).transpose(1, 2)  # like q, as the forward allocates it
-        lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
-        keys = torch.zeros(b, dtype=torch.int64)
-        counter = torch.zeros(1, dtype=torch.int32)
-        # none, fp32_output, stochastic_output as launched for a long sequence (the module's defaults, the tile
-        # counter); fix none also with the static schedule (a program per tile: short sequences, small batches);
-        # fp32_output also with each choice built but not the default: the other Q-slot count, the other division
-        # of O
+        q, k, v, d_out = (torch.empty(b, t, h, dim, dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
+        # none, fp32_output, stochastic_output as launched for a long sequence (the module's defaults; 16 programs
+        # for 64 tiles: the tile counter); fix none also with the static schedule (a program per tile: short
+        # sequences, small batches); fp32_output also with each choice built but not the default: the other Q-slot
+        # count, the other division of O; none and fp32_output with the other way of storing O
         default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, ROW_DIVIDE=gf.FWD_ROW_DIVIDE,
                        O_TMA=gf.FWD_O_TMA)
-        variants = ((0, {}), (3, {}), (4, {}), (0, dict(DYNAMIC=not gf.FWD_DYNAMIC)),
-                    (3, dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)), (3, dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)),
-                    (0, dict(O_TMA=not gf.FWD_O_TMA)), (3, dict(O_TMA=not gf.FWD_O_TMA)))
+        variants = (("none", {}), ("fp32_output", {}), ("stochastic_output", {}),
+                    ("none", dict(DYNAMIC=not gf.FWD_DYNAMIC)), ("fp32_output", dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)),
+                    ("fp32_output", dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)), ("none", dict(O_TMA=not gf.FWD_O_TMA)),
+                    ("fp32_output", dict(O_TMA=not gf.FWD_O_TMA)))
         words = dict(DYNAMIC=("static schedule", "dynamic schedule"), ROW_DIVIDE=("element divide", "row divide"),
                      O_TMA=("O stored", "O by TMA"))
         for fix, changed in variants:
-            choice = {**default, **changed}
-            store_o32 = fix == 3
-            o_tma, o32_tma = gf._fwd_store_plan(store_o32, dim, choice["Q_SLOTS"], choice["O_TMA"])
-            o_arg = gf._rows_descriptor(o, gf.FWD_BLOCK_M // 2) if o_tma else o
-            o32_arg = gf._rows_descriptor(o32, gf.FWD_BLOCK_M // 2) if o32_tma else o32
-            args = (gf._rows_descriptor(q, gf.FWD_BLOCK_M // 2), gf._rows_descriptor(k, gf.FWD_BLOCK_N),
-                    gf._rows_descriptor(v, gf.FWD_BLOCK_N), o_arg, o32_arg, lse, keys, counter, *o.stride()[:3],
-                    h, 1, t, b * h, gf._heads_per_section(q, k), 0, 0.18)
-            kwargs = dict(BLOCK_N=gf.FWD_BLOCK_N, HEAD_DIM=dim, STAGES=gf.FWD_STAGES[dim], CAUSAL=True, FIX=fix,
-                          STORE_O32=store_o32, PINGPONG=gf.FWD_PINGPONG, O32_TMA=o32_tma,
-                          **{**choice, "O_TMA": o_tma},
-                          CONSUMER_REGS=gf.FWD_CONSUMER_REGS, PRODUCER_REGS=gf.FWD_PRODUCER_REGS, num_warps=4,
-                          maxnreg=gf.MAXNREG)
-            fix_name = {0: "none", 3: "fp32_output", 4: "stochastic_output"}[fix]
+            nm = AttentionSettings(fix=fix).numerics(dim, torch.bfloat16)
+            o, lse, o32 = triton_flash._forward_outputs(q, nm.keeps_fp32_output)
+            keys = triton_flash._keys_arg(nm, None, b, q.device)
+            _, args, kwargs = gf._fwd_launch(q, k, v, o, lse, o32, keys, True, nm, programs=16, **changed)
             # the name says what differs from the defaults, in the order the choices were added
-            differs = [key for key in default if choice[key] != default[key]]
+            choice = {**default, **changed}
             extra = "".join(f" {choice[key]} Q slots" if key == "Q_SLOTS" else f" {words[key][choice[key]]}"
-                            for key in differs)
-            out.append((f"forward d{dim} {fix_name}{extra}", gf._fwd_kernel, args, kwargs))
-        block_m = gf.BWD_BLOCK_M[dim]
-        dq32 = torch.empty(b, h, t, dim)
-        sem = torch.zeros(b * h * -(-t // block_m), dtype=torch.int32)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        dq = torch.empty_like(q)
-        # both dQ orders as launched, and each with the other way of writing a tile's first dQ share
-        # (and the ordered one with the other way of writing dK and dV, and of finishing dQ)
-        for deterministic, first_store, dkv_tma, finish in (
-                (True, None, None, None), (False, None, None, None), (True, not gf.BWD_DQ_FIRST_STORE, None, None),
-                (False, not gf.BWD_ATOMIC_FIRST_STORE, None, None), (True, None, not gf.BWD_DKV_TMA, None),
-                (True, None, None, not gf.BWD_DQ_FINISH), (False, True, None, not gf.BWD_DQ_FINISH)):
-            kwargs = gf._bwd_flags(deterministic, causal=True, rows_tma=True, first_store=first_store,
-                                   dkv_tma=dkv_tma, finish=finish)
-            dk_arg, dv_arg = gf._bwd_dkv_args(dk, dv, kwargs["DKV_TMA"])
-            args = (gf._rows_descriptor(k, gf.BWD_BLOCK_N), gf._rows_descriptor(v, gf.BWD_BLOCK_N),
-                    gf._rows_descriptor(q, block_m), gf._rows_descriptor(o, block_m),
-                    gf._row_vectors_descriptor(lse, block_m), gf._row_vectors_descriptor(delta, block_m),
-                    gf._rows_descriptor(dq32, block_m), sem, dk_arg, dv_arg, dq, *dk.stride()[:3],
-                    *dv.stride()[:3], *dq.stride()[:3], h, 1, t, 0.18, 0.125)
-            extra = "" if first_store is None else (" first store" if first_store else " first add")
-            extra += "" if dkv_tma is None else (" dK dV by TMA" if dkv_tma else " dK dV stored")
-            extra += "" if finish is None else (" dQ finished" if finish else " dQ finish launch")
+                            for key in default if choice[key] != default[key])
+            out.append((f"forward d{dim} {fix}{extra}", gf._fwd_kernel, args, kwargs))
+        nm = AttentionSettings().numerics(dim, torch.bfloat16)
+        lse, delta = torch.empty(b, h, t), torch.empty(b, h, t)
+        dq, dk, dv = triton_flash._backward_outputs(q, k, v)
+        # both dQ orders as launched, and each with the other way of writing a tile's first dQ share (and the
+        # ordered one with the other way of writing dK and dV, and of finishing dQ, also behind the atomic dQ's
+        # stored first share)
+        for deterministic, changed in (
+                (True, {}), (False, {}), (True, dict(first_store=not gf.BWD_DQ_FIRST_STORE)),
+                (False, dict(first_store=not gf.BWD_ATOMIC_FIRST_STORE)), (True, dict(dkv_tma=not gf.BWD_DKV_TMA)),
+                (True, dict(finish=not gf.BWD_DQ_FINISH)), (False, dict(first_store=True, finish=not gf.BWD_DQ_FINISH))):
+            _, args, kwargs, _ = gf._bwd_launch(d_out, q, k, v, lse, delta, dq, dk, dv, True, nm, deterministic,
+                                                **changed)
+            extra = "" if "first_store" not in changed else (" first store" if changed["first_store"] else " first add")
+            extra += "" if "dkv_tma" not in changed else (" dK dV by TMA" if changed["dkv_tma"] else " dK dV stored")
+            extra += "" if "finish" not in changed else (" dQ finished" if changed["finish"] else " dQ finish launch")
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}{extra}", gf._bwd_kernel,
                         args, kwargs))
     return [c for c in out if c[0] in QUICK] if quick else out

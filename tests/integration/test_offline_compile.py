@@ -16,7 +16,7 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAILED"))]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert len(lines) == 5 and all(line.startswith("ok") for line in lines), proc.stdout
+    assert len(lines) == 7 and all(line.startswith("ok") for line in lines), proc.stdout
     for name in ("forward_d128_fp32_output", "backward_d128_deterministic"):
         ptx = (tmp_path / f"{name}.ptx").read_text()
         # what makes them Hopper kernels: asynchronous warpgroup MMAs, TMA copies, per-partition register budgets
@@ -28,6 +28,13 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
         assert "cp.reduce.async.bulk.tensor" in ptx and "add.bulk_group" in ptx, name
         assert not re.search(r"(red|atom)\.global\S*f32", ptx), name
     assert "cp.async.bulk.wait_group 0;" in (tmp_path / "backward_d128_deterministic.ptx").read_text()
+    # dQ = LP(scale * sums) written by the backward itself (BWD_DQ_FINISH, off by default): 16-byte stores of 8
+    # values, one per 8 x 32 block of a query tile (32 blocks at head_dim 128; at head_dim 64 16 blocks, in each of
+    # the two places an atomic-dQ tile can finish), none in the default backward (the finishing launch does it)
+    finished = (tmp_path / "backward_d128_deterministic_dQ_finished.ptx").read_text()
+    assert finished.count("st.global.v4.b32") == 32
+    assert (tmp_path / "backward_d64_atomic_dQ_first_store_dQ_finished.ptx").read_text().count("st.global.v4.b32") == 32
+    assert "st.global.v4.b32" not in (tmp_path / "backward_d128_deterministic.ptx").read_text()
     # the bf16 O leaves by stmatrix into shared memory and a TMA store (FWD_O_TMA): the forward's only plain global
     # stores are the LSE's (one FP32 per row, 4 in the two consumers' code); at head_dim 128 with fix=fp32_output the
     # FP32 O's buffers no longer fit beside the bf16 O's, so it goes by plain 8-byte stores (_fwd_store_plan: 64 more)
