@@ -126,8 +126,8 @@ def _sync(device: torch.device) -> None:
 # Kernel-name patterns of the profile's categories, first match wins (lower-case substrings).
 CATEGORIES = [
     ("attention: SDPA flash / cuDNN", ("flash_fwd", "flash_bwd", "fmha", "cudnn", "sdpa")),
-    ("attention: this project's Triton kernel", ("_fwd_kernel", "_bwd_delta_kernel", "_bwd_dkdv_kernel",
-                                                 "_bwd_dq_kernel")),
+    ("attention: this project's kernels (Triton, Gluon)", ("_fwd_kernel", "_bwd_delta", "_bwd_dkdv_kernel",
+                                                           "_bwd_dq_kernel", "_bwd_dq_finish", "_bwd_kernel")),
     ("matmuls (cuBLAS / CUTLASS / TE)", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "fp8")),
     ("optimizer (fused AdamW, clipping)", ("adam", "multi_tensor", "foreach", "norm_kernel")),
     ("fused elementwise, norms, losses (Inductor Triton)", ("triton_",)),
@@ -143,6 +143,19 @@ def _category(name: str) -> str:
     return "other kernels (aten elementwise, reductions, ...)"
 
 
+def kernel_times(prof, on_gpu: bool) -> dict[str, tuple[float, int]]:
+    """{kernel name: (us of GPU time, launches)} of a finished torch.profiler run; on a CPU (``on_gpu`` False) the
+    "kernels" are the ops' own CPU time (a smoke test of the same path)."""
+    kernels: dict[str, tuple[float, int]] = {}
+    for evt in prof.key_averages():
+        if evt.device_type != (torch.autograd.DeviceType.CUDA if on_gpu else torch.autograd.DeviceType.CPU):
+            continue
+        us = evt.self_device_time_total if on_gpu else evt.self_cpu_time_total
+        if us > 0:
+            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+    return kernels
+
+
 def profile_step(step, step_index: int, device: torch.device, out_dir: Path | None, side: str) -> dict:
     """Kernel time of one step by category (torch.profiler; one CUDA stream, so busy = the kernels' sum), the
     step's wall time and the GPU's idle share; the top kernels go to out_dir/<side>_kernels.md."""
@@ -154,14 +167,7 @@ def profile_step(step, step_index: int, device: torch.device, out_dir: Path | No
         step(step_index)
         _sync(device)
         wall_us = (time.perf_counter() - start) * 1e6
-    kernels = {}
-    on_gpu = device.type == "cuda"  # on a CPU the "kernels" are the ops' own CPU time (a smoke test of this path)
-    for evt in prof.key_averages():
-        if evt.device_type != (torch.autograd.DeviceType.CUDA if on_gpu else torch.autograd.DeviceType.CPU):
-            continue
-        us = evt.self_device_time_total if on_gpu else evt.self_cpu_time_total
-        if us > 0:
-            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+    kernels = kernel_times(prof, on_gpu=device.type == "cuda")
     busy = sum(us for us, _ in kernels.values())
     by_category: dict[str, float] = {}
     for name, (us, _) in kernels.items():

@@ -109,3 +109,27 @@ def test_attention_table_ratios_are_of_gpu_times():
     cells = {line.split(" | ")[1]: line.strip("| ").split(" | ") for line in table.splitlines() if "4,16,4096" in line}
     assert cells["fa2/none"][2:] == ["50", "400", "0.80", "60", "300", "1.11", "0.67", "1.00"]
     assert cells["fa2/fp32_output"][-1] == "0.99" and cells["sdpa-cudnn"][4] == "1.00"
+
+
+def test_kernel_profile_rows_and_cpu_refusal(capsys):
+    """benchmarks.kernel_profile: per-step rows from the profiler's totals (longest first, a total row), and on a
+    machine without a CUDA GPU a one-line refusal, not a traceback."""
+    import pytest
+    import torch
+
+    from benchmarks import kernel_profile
+
+    rows = kernel_profile.per_step({"_bwd_kernel": (4000.0, 10), "_bwd_delta_kernel": (500.0, 10),
+                                    "_fwd_kernel": (1500.0, 10)}, steps=10)
+    assert rows == [("_bwd_kernel", 1.0, 400.0), ("_fwd_kernel", 1.0, 150.0), ("_bwd_delta_kernel", 1.0, 50.0)]
+    table = kernel_profile.to_markdown((8, 12, 1024, 64), "gluon fa2/none", rows)
+    assert "| 8,12,1024,64 | gluon fa2/none | `_bwd_kernel` | 1 | 400.0 | 66.7% |" in table
+    assert table.splitlines()[-1] == "| 8,12,1024,64 | gluon fa2/none | **all kernels** | 3 | **600.0** | 100% |"
+    names = [name for name, _ in kernel_profile.implementations(["fa2/none", "fa2/fp32_output"], ["gluon"], True)]
+    assert names == ["sdpa-cudnn", "gluon fa2/none", "gluon fa2/none atomic-dQ", "gluon fa2/fp32_output",
+                     "gluon fa2/fp32_output atomic-dQ"]
+    with pytest.raises(SystemExit):
+        kernel_profile.main(["--steps", "0"])
+    if not torch.cuda.is_available():
+        assert kernel_profile.main(["--shapes", "1,2,128,64"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err

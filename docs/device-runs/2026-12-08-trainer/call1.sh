@@ -7,7 +7,8 @@
 #     cuDNN beside them (is the atomic order still the faster one?), and dK, dV by TMA (BWD_DKV_TMA, built
 #     2026-12-07, off; its GPU test is in the tier), and dQ finished by its last add (BWD_DQ_FINISH, built
 #     2026-12-08, off; ordered, and atomic behind a stored first share; its GPU test is in the tier);
-#  3. where fwd+bwd's GPU time goes, kernel by kernel, for cuDNN and the Gluon kernel (launches.py, 2026-12-08).
+#  3. where fwd+bwd's GPU time goes, kernel by kernel, for cuDNN and the Gluon kernel (benchmarks.kernel_profile,
+#     added 2026-12-08).
 # (GPT-2 small's training speed is call2.sh: both would not fit one call's 600 s.)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 { nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader; sha256sum kernels/*.py; } \
@@ -23,5 +24,5 @@ timeout 240 python3 docs/device-runs/2026-12-08-trainer/probe.py time --rep 20 \
   "gluon dK dV by TMA fp32_output det" "gluon dQ finished none det" "gluon dQ finished fp32_output det" \
   "gluon atomic first store dQ finished none atomic" "gluon atomic first store dQ finished fp32_output atomic" \
   2>&1 | grep -v Warning | tee $OUT/call1_time.log
-timeout 60 python3 docs/device-runs/2026-12-08-trainer/launches.py --rep 10 2>&1 | grep -v Warning \
-  | tee $OUT/call1_launches.log
+timeout 90 python3 -m benchmarks.kernel_profile --backends gluon --modes fa2/none fa2/fp32_output --atomic-dq \
+  --steps 10 --out $OUT/call1_kernels.md 2>&1 | grep -v Warning | tail -n 3
