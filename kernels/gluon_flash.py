@@ -865,7 +865,7 @@ def _bwd_kernel(k_desc, v_desc, q_desc, do_desc, LSE, DELTA, DQ32, SEM, DK, DV, 
     run from the last to the first in launch order when DETERMINISTIC or FIRST_STORE (a tile only waits for tiles
     launched before it, so the order cannot deadlock however few of them are resident, and the causal ones are the
     shortest first, as FA3 orders them), else from the first (the heaviest causal ones) to the last. DQ32: a TMA
-    descriptor of dQ's FP32 buffer; DQ: dQ itself, written here when FINISH (ordered dQ only)."""
+    descriptor of dQ's FP32 buffer; DQ: dQ itself, written here when FINISH."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
