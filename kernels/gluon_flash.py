@@ -121,6 +121,12 @@ FWD_ROW_DIVIDE = True
 # head_dim 128) the FP32 O goes by plain stores (`_fwd_store_plan`). Same bits; forward 3-7% faster on an H100, at
 # head_dim 128 with fp32_output too (docs/device-runs/2026-12-07-boundary, calls 2 and 4).
 FWD_O_TMA = True
+# Consumer 1 starts its first tile once consumer 0 has finished that tile's first softmax, and keeps that lead: the
+# two reach each tile's epilogue (a quarter of the forward, during which neither issues a product: device run
+# 2026-12-07-boundary, call 1b) at different times, so that one's epilogue runs beside the other's products. The
+# ring lets them drift by up to STAGES - 1 key tiles; the lead costs the leader one stage of prefetch. Same bits (the
+# order of each consumer's work is unchanged). Built 2026-12-08, not yet run on a GPU: off.
+FWD_LAG = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
 
@@ -403,16 +409,16 @@ def _fwd_next_tile(t, tile_it, q_ready, tile_slots, HALF_INDEX: gl.constexpr, Q_
 
 @gluon.jit
 def _fwd_consumer(q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty, turns,
-                  tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work, SECTION, head_offset,
-                  exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
-                  PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O_TMA: gl.constexpr, O32_TMA: gl.constexpr,
-                  Q_SLOTS: gl.constexpr, ROW_DIVIDE: gl.constexpr):
+                  tile_slots, lead, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m, n_work,
+                  SECTION, head_offset, exp_scale, HALF_INDEX: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr,
+                  STORE_O32: gl.constexpr, PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O_TMA: gl.constexpr,
+                  O32_TMA: gl.constexpr, Q_SLOTS: gl.constexpr, ROW_DIVIDE: gl.constexpr, LAG: gl.constexpr):
     """One 4-warp consumer: for each tile of this CTA, the online softmax of query rows start_m + 64 * HALF_INDEX
     + [0, 64) over its key tiles (those from n_full on masked), then O (LP, or stochastically rounded), LSE and the
     FP32 O (``_fwd_epilogue``). The tile's Q slot is released after its last product; with two slots the producer
     loaded this tile's Q while the last one ran. DYNAMIC: the tile's index comes from the producer's slot once Q is
-    ready (``_fwd_producer``)."""
+    ready (``_fwd_producer``). LAG: consumer 1 starts its first tile after consumer 0's first softmax (``lead``)."""
     HALF: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -442,10 +448,18 @@ def _fwd_consumer(q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_
         # key tile 0 (masked: cheap for one tile, and it may be the diagonal or the tail)
         if not DYNAMIC:
             mbarrier.wait(q_ready.index(q_slot), (tile_it // Q_SLOTS) & 1)
+        if LAG:
+            if HALF_INDEX == 1:
+                if tile_it == 0:  # (both consumers take the same tiles: consumer 0 has this one too)
+                    mbarrier.wait(lead, 0)
         s_tok, ti = _fwd_first_qk(q, k_smem, k_bars, kv_it, ti, turns, HALF_INDEX, PINGPONG, STAGES, s_layout)
         scores = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(kv_it % STAGES), count=1)
         p, m_i, alpha, l_i = _fwd_softmax(scores, m_i, l_i, rows, 0, T, exp_scale, True, CAUSAL, BLOCK_N, s_layout)
+        if LAG:
+            if HALF_INDEX == 0:
+                if tile_it == 0:
+                    mbarrier.arrive(lead, count=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         kv_it += 1
 
@@ -484,7 +498,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIX: gl.constexpr, STORE_O32: gl.constexpr,
                 PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr, O_TMA: gl.constexpr, O32_TMA: gl.constexpr,
                 Q_SLOTS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                ROW_DIVIDE: gl.constexpr):
+                ROW_DIVIDE: gl.constexpr, LAG: gl.constexpr):
     """Persistent: program i takes tile i of the (section, query block, batch x head) schedule (``_fwd_tile``),
     then the next untaken one (DYNAMIC: TILE_COUNTER, zero at launch, counts the tiles taken after the first
     programs' ones) or tiles i + programs, ...; a grid of one program per tile is the plain launch. O (O32): the
@@ -508,6 +522,11 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     q_ready = gl.allocate_shared_memory(gl.int64, [2 * Q_SLOTS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2 * Q_SLOTS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if LAG:  # consumer 0's signal that consumer 1 may start
+        lead = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(lead, count=1)
+    else:
+        lead = turns  # unused
     tile_slots = gl.allocate_shared_memory(gl.int32, [2 * Q_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -529,13 +548,13 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
     # into tensors)
     gl.warp_specialize([
         (_fwd_consumer, (q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                         turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
-                         n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
+                         turns, tile_slots, lead, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP,
+                         T, n_m, n_work, SECTION, head_offset, exp_scale, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
+                         STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE, LAG)),
         (_fwd_consumer, (q_smem, k_smem, v_smem, o_smem, o32_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
-                         turns, tile_slots, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP, T, n_m,
-                         n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
-                         STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE)),
+                         turns, tile_slots, lead, O, O32, LSE, KEYS, stride_ob, stride_oh, stride_ot, BH, H, GROUP,
+                         T, n_m, n_work, SECTION, head_offset, exp_scale, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, FIX,
+                         STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE, LAG)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
                          CAUSAL, DYNAMIC, Q_SLOTS)),
@@ -1033,10 +1052,10 @@ def _fwd_launch(q, k, v, out, lse, o32, keys, causal: bool, nm: Numerics, head_o
                 programs: int | None = None, **choices):
     """(grid, arguments, compile-time options) of the forward's launch, as ``_forward`` makes it and
     kernels.offline_compile compiles it. ``programs``: the persistent grid's size (default FWD_PERSISTENT per
-    streaming multiprocessor of q's GPU); ``choices``: DYNAMIC, Q_SLOTS, ROW_DIVIDE or O_TMA in place of the
+    streaming multiprocessor of q's GPU); ``choices``: DYNAMIC, Q_SLOTS, ROW_DIVIDE, O_TMA or LAG in place of the
     module's FWD_ values."""
     bsz, heads, seq, dim = q.shape
-    choice = dict(DYNAMIC=FWD_DYNAMIC, Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=FWD_O_TMA)
+    choice = dict(DYNAMIC=FWD_DYNAMIC, Q_SLOTS=FWD_Q_SLOTS, ROW_DIVIDE=FWD_ROW_DIVIDE, O_TMA=FWD_O_TMA, LAG=FWD_LAG)
     unknown = set(choices) - set(choice)
     if unknown:
         raise ValueError(f"_fwd_launch: unknown choices {sorted(unknown)}; known: {sorted(choice)}")
@@ -1054,8 +1073,8 @@ def _fwd_launch(q, k, v, out, lse, o32, keys, causal: bool, nm: Numerics, head_o
             bsz * heads, _heads_per_section(q, k), int(head_offset), nm.exp_scale)
     options = dict(BLOCK_N=FWD_BLOCK_N, HEAD_DIM=dim, STAGES=FWD_STAGES[dim], CAUSAL=bool(causal), FIX=nm.fix,
                    STORE_O32=nm.keeps_fp32_output, PINGPONG=FWD_PINGPONG, DYNAMIC=dynamic, Q_SLOTS=choice["Q_SLOTS"],
-                   ROW_DIVIDE=choice["ROW_DIVIDE"], O_TMA=o_tma, O32_TMA=o32_tma, CONSUMER_REGS=FWD_CONSUMER_REGS,
-                   PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+                   ROW_DIVIDE=choice["ROW_DIVIDE"], O_TMA=o_tma, O32_TMA=o32_tma, LAG=choice["LAG"],
+                   CONSUMER_REGS=FWD_CONSUMER_REGS, PRODUCER_REGS=FWD_PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
     return grid, args, options
 
 

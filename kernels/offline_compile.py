@@ -8,8 +8,8 @@ instruction mix (wgmma, TMA copies, register reallocation, spills) before spendi
 PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
 (the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
-static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``) and with the other
-division of O (``FWD_ROW_DIVIDE``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
+static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``), with the other
+division of O (``FWD_ROW_DIVIDE``) and with the other start of consumer 1 (``FWD_LAG``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
 backward with both dQ orders, each also with the other way of writing a tile's first dQ share
 (``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), the ordered one with the other way of writing dK and dV
 (``BWD_DKV_TMA``) and of finishing dQ (``BWD_DQ_FINISH``, also behind the atomic dQ's stored first share),
@@ -82,15 +82,16 @@ def configurations(quick: bool = False):
         # none, fp32_output, stochastic_output as launched for a long sequence (the module's defaults; 16 programs
         # for 64 tiles: the tile counter); fix none also with the static schedule (a program per tile: short
         # sequences, small batches); fp32_output also with each choice built but not the default: the other Q-slot
-        # count, the other division of O; none and fp32_output with the other way of storing O
+        # count, the other division of O, the other start of consumer 1; none and fp32_output with the other way of
+        # storing O
         default = dict(DYNAMIC=gf.FWD_DYNAMIC, Q_SLOTS=gf.FWD_Q_SLOTS, ROW_DIVIDE=gf.FWD_ROW_DIVIDE,
-                       O_TMA=gf.FWD_O_TMA)
+                       O_TMA=gf.FWD_O_TMA, LAG=gf.FWD_LAG)
         variants = (("none", {}), ("fp32_output", {}), ("stochastic_output", {}),
                     ("none", dict(DYNAMIC=not gf.FWD_DYNAMIC)), ("fp32_output", dict(Q_SLOTS=3 - gf.FWD_Q_SLOTS)),
                     ("fp32_output", dict(ROW_DIVIDE=not gf.FWD_ROW_DIVIDE)), ("none", dict(O_TMA=not gf.FWD_O_TMA)),
-                    ("fp32_output", dict(O_TMA=not gf.FWD_O_TMA)))
+                    ("fp32_output", dict(O_TMA=not gf.FWD_O_TMA)), ("fp32_output", dict(LAG=not gf.FWD_LAG)))
         words = dict(DYNAMIC=("static schedule", "dynamic schedule"), ROW_DIVIDE=("element divide", "row divide"),
-                     O_TMA=("O stored", "O by TMA"))
+                     O_TMA=("O stored", "O by TMA"), LAG=("consumers together", "consumer 1 lagging"))
         for fix, changed in variants:
             nm = AttentionSettings(fix=fix).numerics(dim, torch.bfloat16)
             o, lse, o32 = triton_flash._forward_outputs(q, nm.keeps_fp32_output)

@@ -19,7 +19,7 @@ set -f  # test ids contain brackets: no globbing
 timeout "$T" python3 docs/device-runs/2026-12-07-boundary/probe.py check --deterministic > "$L/check_det.log" 2>&1 &
 # the tests of the Gluon switches not yet run on a GPU, each in a process of its own: a kernel that hangs there
 # (a wait that never ends) cannot cut the rest of the Gluon file's log
-NEW="first_dq_share_stored_under_atomic_adds dk_dv_by_tma_give_the_bits dq_finished_by_its_last_add"
+NEW="first_dq_share_stored_under_atomic_adds dk_dv_by_tma_give_the_bits dq_finished_by_its_last_add lagging_consumer"
 timeout "$T" $P tests/gpu/test_attention_gluon_gpu.py -k "not (${NEW// / or })" > "$L/tier_gluon.log" 2>&1 &
 for name in $NEW; do
   timeout "$T" $P tests/gpu/test_attention_gluon_gpu.py -k "$name" > "$L/tier_gluon_$name.log" 2>&1 &

@@ -150,6 +150,26 @@ def test_epilogue_variants_give_the_bits_of_the_default(switch, head_dim, fix, m
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
+def test_lagging_consumer_gives_the_bits_of_the_default(head_dim, monkeypatch, seed):
+    """FWD_LAG (consumer 1 starts its first tile after consumer 0's first softmax: a change of schedule only): O,
+    LSE and the FP32 O bit for bit as without it, NaN-filled outputs; more tiles than programs (the tile counter,
+    causal, fp32_output), full attention, and a few short tiles (a program per tile, one key tile each)."""
+    from kernels import gluon_flash
+
+    for seq, causal, fix in ((4096 + 37, True, "fp32_output"), (1024 + 37, False, "none"), (100, True, "none")):
+        q, k, v, _ = model_layout(4, 8, 2, seq, head_dim)
+        settings = AttentionSettings(backend="gluon", fix=fix, causal=causal, out_fill=NAN)
+        nm = gluon_flash.prepare(q, k, v, settings)
+        outs = []
+        for on in (False, True):
+            monkeypatch.setattr(gluon_flash, "FWD_LAG", on)
+            outs.append(gluon_flash.forward(q, k, v, settings, nm)[:3])
+        msg = f"seed={seed} seq={seq} causal={causal} {fix}"
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), msg
+        assert torch.isfinite(outs[1][0]).all() and torch.isfinite(outs[1][1]).all(), msg
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [True, False])
 def test_first_dq_share_stored_gives_the_gradients_of_adds_into_zeros(head_dim, causal, monkeypatch, seed):
     """BWD_DQ_FIRST_STORE (ordered dQ): the first key tile of each query tile stores its share into an unzeroed

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Call 1 of 2026-12-08 (prepared 2026-12-07, third session; run it first, `run` with timeout_s 600):
 #  1. the GPU tier on the submitted kernel (BWD_DQ_FIRST_STORE on since 2026-12-07-boundary call 6, whose tier got
-#     no result);
+#     no result), with the tests of the switches built since and off (BWD_ATOMIC_FIRST_STORE, BWD_DKV_TMA,
+#     BWD_DQ_FINISH, FWD_LAG) each in a process of its own;
 #  2. in one run, the ordered dQ (first share stored) against the atomic dQ, plain and with a stored first share
 #     (BWD_ATOMIC_FIRST_STORE, built 2026-12-07, off; its GPU test is in the tier), both arms' numerics, 3 shapes,
 #     cuDNN beside them (is the atomic order still the faster one?), and dK, dV by TMA (BWD_DKV_TMA, built
