@@ -174,11 +174,28 @@ def _get_tile(slot, layout: gl.constexpr):
 
 
 @gluon.jit
+def _fwd_load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, kv_it, b, hk, j,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Key tile j's K, then its V, into ring position ``kv_it`` once the consumers released the stage; returns the
+    next position."""
+    stage = kv_it % STAGES
+    mbarrier.wait(k_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
+    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
+    _tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
+    mbarrier.wait(v_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
+    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
+    _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
+    return kv_it + 1
+
+
+@gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty, v_empty,
                   tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr, Q_SLOTS: gl.constexpr):
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DYNAMIC: gl.constexpr, Q_SLOTS: gl.constexpr,
+                  LAG: gl.constexpr):
     """1 warp: for each tile of this CTA, Q's two 64-row halves into the tile's Q slot (tile number % Q_SLOTS, once
-    its consumer released the tile that used it before), then
+    its consumer released the tile that used it before; LAG: the first key tile between the two halves, so that the
+    leading consumer need not wait for the other's release of its Q), then
     the tile's K and V tiles into the ring. K and V have their own release barriers (count 2: both consumers): a K
     stage is free once its Q K^T products ran, a step before its V stage, so K loads run further ahead.
     DYNAMIC: the first tile is the program's index, each next one is taken from TILE_COUNTER once this tile's last
@@ -201,15 +218,13 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_emp
                 _barrier()  # every lane's store precedes the elected lane's arrive (its release)
             mbarrier.expect(q_ready.index(slot + c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [b, h, start_m + c * HALF, 0], q_ready.index(slot + c), q_smem.index(slot + c))
-        for j in range(n_tiles):
-            stage = kv_it % STAGES
-            mbarrier.wait(k_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
-            mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
-            mbarrier.wait(v_empty.index(stage), ((kv_it // STAGES) & 1) ^ 1)
-            mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
-            kv_it += 1
+            if LAG:
+                if c == 0:  # the leader's first key tile before the follower's Q, which it releases later
+                    kv_it = _fwd_load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, kv_it,
+                                         b, hk, 0, BLOCK_N, STAGES)
+        for j in range(1 if LAG else 0, n_tiles):
+            kv_it = _fwd_load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty, kv_it, b, hk, j,
+                                 BLOCK_N, STAGES)
         tile_it += 1
         if DYNAMIC:
             t = gl.atomic_add(TILE_COUNTER, 1) + gl.num_programs(0)
@@ -557,7 +572,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, O, O32, LSE, KEYS, TILE_COUNTER, stride_
                          STORE_O32, PINGPONG, DYNAMIC, O_TMA, O32_TMA, Q_SLOTS, ROW_DIVIDE, LAG)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_bars, v_bars, k_empty,
                          v_empty, tile_slots, TILE_COUNTER, BH, H, GROUP, T, n_m, n_work, SECTION, BLOCK_N, STAGES,
-                         CAUSAL, DYNAMIC, Q_SLOTS)),
+                         CAUSAL, DYNAMIC, Q_SLOTS, LAG)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

@@ -22,6 +22,9 @@ boundary.base.VARIANTS["gluon atomic first store dQ finished"] = {"BWD_ATOMIC_FI
 boundary.base.VARIANTS["gluon lag"] = {"FWD_LAG": True}
 boundary.base.VARIANTS["gluon lag 4 stages"] = {"FWD_LAG": True, "FWD_STAGES": {64: 4, 128: 2}}
 boundary.base.VARIANTS["gluon 4 stages"] = {"FWD_STAGES": {64: 4, 128: 2}}
+# and with a second Q slot per consumer, so that the producer loads the next tile's Q without waiting for either
+# consumer's release of this one (the lead's other possible brake)
+boundary.base.VARIANTS["gluon lag 2 Q slots"] = {"FWD_LAG": True, "FWD_Q_SLOTS": 2}
 
 if __name__ == "__main__":
     sys.exit(boundary.base.main())
