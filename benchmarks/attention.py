@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from benchmarks import cuda_missing
+
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 4096, 128), (1, 32, 8192, 128)]
 ATOMIC = " atomic-dQ"  # the name suffix of a mode run with the atomic dQ backward (--atomic-dq)
 
@@ -271,8 +273,7 @@ def main(argv=None) -> int:
     unknown = [m for m in modes if m not in _modes()]
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; choose from {_modes()}")
-    if not torch.cuda.is_available():
-        print("benchmarks.attention needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("benchmarks.attention"):
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     import triton

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from benchmarks import cuda_missing
 from benchmarks.attention import emit, parse_mode, parse_shape
 
 FWD_TILES = [(64, 32), (64, 64), (128, 32), (128, 64), (128, 128)]
@@ -134,8 +135,7 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=6, help="rows per kernel in the table (default 6)")
     parser.add_argument("--out", help="also write the markdown table here")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("benchmarks.attention_tiles needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("benchmarks.attention_tiles"):
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     results, delta_ms, _ = sweep(args.shape, args.mode, max(1, args.jobs), args.rep_ms, log)

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from benchmarks import cuda_missing
 from benchmarks.attention import emit, parse_mode, parse_shape
 
 
@@ -163,8 +164,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.calls < 10:
         parser.error("--calls must be at least 10")
-    if not torch.cuda.is_available():
-        print("benchmarks.host_overhead needs a CUDA GPU (it measures the cost of issuing GPU work)", file=sys.stderr)
+    if cuda_missing("benchmarks.host_overhead", "it measures the cost of issuing GPU work"):
         return 2
     emit(to_markdown(rows(args.shape, args.mode, args.calls), args.shape, args.mode), args.out)
     return 0

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from benchmarks import cuda_missing
 from benchmarks.attention import ATOMIC, emit, parse_mode, parse_shape
 from benchmarks.train_speed import kernel_times
 
@@ -98,8 +99,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    if not torch.cuda.is_available():
-        print("benchmarks.kernel_profile needs a CUDA GPU (it reads the kernels' GPU time)", file=sys.stderr)
+    if cuda_missing("benchmarks.kernel_profile", "it reads the kernels' GPU time"):
         return 2
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr, flush=True)
     blocks = ["| B,H,T,D | implementation | kernel | launches per step | us per step | share |",

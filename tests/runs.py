@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -72,3 +73,14 @@ def launch(args: list[str], nproc: int = 1, module: str = "launcher.pretrain", t
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n{proc.stdout[-4000:]}\n"
                              + "\n".join(said[:40]) + f"\n...\n{proc.stderr[-2000:]}")
     return proc
+
+
+def fresh_python_json(code: str, timeout: int = 300):
+    """Run ``code`` in a fresh interpreter (repo on the path, nothing else of this environment) and parse the JSON
+    its last line prints: for Gluon, which cannot be imported into a process whose Triton was first imported under
+    TRITON_INTERPRET=1 (the unit tier's Triton-interpreter tests)."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+

@@ -3,13 +3,9 @@ calls and kernels.offline_compile share): grids, buffers and how they start, cou
 code on CPU tensors, no GPU; it runs in a fresh interpreter because Gluon cannot be imported into a process whose
 Triton was first imported under TRITON_INTERPRET=1 (the unit tier's Triton-interpreter tests)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.runs import fresh_python_json
 
 LAUNCHES = r"""
 import json, math
@@ -70,10 +66,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def launches():
     pytest.importorskip("triton")
-    proc = subprocess.run([sys.executable, "-c", LAUNCHES], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_python_json(LAUNCHES)
 
 
 def test_backward_buffers_and_counters_follow_the_options(launches):

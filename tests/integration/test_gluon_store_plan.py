@@ -3,13 +3,9 @@ buffers and TMA stores where the buffers fit beside Q's slots and the K/V ring, 
 no GPU; it runs in a fresh interpreter because Gluon cannot be imported into a process whose Triton was first
 imported under TRITON_INTERPRET=1 (the unit tier's Triton-interpreter tests)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.runs import fresh_python_json
 
 PLANS = """
 import json
@@ -24,10 +20,7 @@ print(json.dumps(dict(plans=plans, block_m=gf.FWD_BLOCK_M, block_n=gf.FWD_BLOCK_
 @pytest.fixture(scope="module")
 def plan():
     pytest.importorskip("triton")
-    proc = subprocess.run([sys.executable, "-c", PLANS], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_python_json(PLANS)
 
 
 def shared_bytes(p, head_dim: int, q_slots: int, o_tma: bool, o32_tma: bool) -> int:
