@@ -124,8 +124,9 @@ FWD_O_TMA = True
 # Consumer 1 starts its first tile once consumer 0 has finished that tile's first softmax, and keeps that lead: the
 # two reach each tile's epilogue (a quarter of the forward, during which neither issues a product: device run
 # 2026-12-07-boundary, call 1b) at different times, so that one's epilogue runs beside the other's products. The
-# ring lets them drift by up to STAGES - 1 key tiles; the lead costs the leader one stage of prefetch. Same bits (the
-# order of each consumer's work is unchanged). Built 2026-12-08, not yet run on a GPU: off.
+# ring lets them drift by up to STAGES - 1 key tiles (the producer then loads the leader's first key tile of a tile
+# between the two Q halves, so that the follower's Q release does not hold it back); the lead costs the leader one
+# stage of prefetch. Same bits (each consumer's work is unchanged). Built 2026-12-08, not yet run on a GPU: off.
 FWD_LAG = False
 SHARED_MEMORY_BYTES = 227 * 1024  # per CTA on sm_90
 MAXNREG = 168  # the kernels' per-thread budget: 12 warps x 32 threads x 168 <= 65,536 registers
@@ -832,6 +833,8 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride
         m_idx = m_first + it % n_m
         buf = it % 2
         mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
+        if FINISH:
+            complete = gl.to_tensor(False)  # whether this tile's add is the query tile's last
         if DETERMINISTIC or FIRST_STORE:
             if CAUSAL:
                 last = gl.minimum(n_blocks - 1, ((m_idx + 1) * BLOCK_M - 1) // BLOCK_N)  # the last key tile it sees
@@ -854,9 +857,7 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride
             _barrier()  # the lane that waited for the add precedes the lane that releases the counter
             gl.atomic_add(sem, 1, sem="release", scope="gpu")
             if FINISH:
-                if n_blk == 0:  # the last turn: the sum is complete (and performed: the wait above)
-                    fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h,
-                                               stride_dqb, stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
+                complete = n_blk == 0  # the last turn (its add performed: the wait above)
         elif FIRST_STORE:  # atomic order behind a stored first share
             if n_blk == last:
                 _tma_store(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
@@ -864,9 +865,7 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride
                 _barrier()  # the lane that waited for the store precedes the lane that raises the flag
                 gl.atomic_add(sem, 1, sem="release", scope="gpu")
                 if FINISH:
-                    if last == 0:  # the only share
-                        fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h,
-                                                   stride_dqb, stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
+                    complete = last == 0  # the only share
             else:
                 seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
                 while seen == 0:
@@ -877,15 +876,17 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, fin_bar, SEM, DQ, stride
                     token = _bulk_writes_done(token)
                     _barrier()  # the lane that waited for the add precedes the lane that counts it
                     before = gl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
-                    if before == last:  # the stored share and every other add are in
-                        token = _async_proxy_acquire(token)
-                        fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h,
-                                                   stride_dqb, stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
+                    complete = before == last  # the stored share and every other add are in
                 else:
                     tma.store_wait(0)
         else:
             _tma_reduce_add(dq_desc, [b, h, m_idx * BLOCK_M, 0], dq_smem.index(buf))
             tma.store_wait(0)
+        if FINISH:
+            if complete:
+                token = _async_proxy_acquire(token)  # the TMA load below after what the counter showed
+                fin_phase = _bwd_dq_finish(dq_desc, dq_smem.index(buf), fin_bar, fin_phase, DQ, b, h, stride_dqb,
+                                           stride_dqh, stride_dqt, m_idx * BLOCK_M, T, sm_scale)
         mbarrier.arrive(dq_empty.index(buf), count=1)
 
 

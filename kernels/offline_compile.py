@@ -5,21 +5,21 @@
 CI runs it (tests/integration/test_offline_compile.py) under whatever Triton pyproject.toml lets pip install, so a
 release that changes Gluon's API fails there rather than on a user's first GPU run; developers use it to read the
 instruction mix (wgmma, TMA copies, register reallocation, spills) before spending device time. Triton compiles to
-PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration
-(the ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
+PTX and runs the ptxas of its wheel, so the whole chain runs on a CPU machine. One line per kernel configuration (the
+ones kernels.gluon_flash launches: forward with fix none, fp32_output (the FP32 O from the accumulator) and
 stochastic_output (the Triton kernel's hash helpers called from Gluon) with the tile counter, fix none also with the
 static schedule, fp32_output also with the other number of Q slots per consumer (``FWD_Q_SLOTS``), with the other
-division of O (``FWD_ROW_DIVIDE``) and with the other start of consumer 1 (``FWD_LAG``), none and fp32_output with the other way of storing O (``FWD_O_TMA``),
-backward with both dQ orders, each also with the other way of writing a tile's first dQ share
-(``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), the ordered one with the other way of writing dK and dV
-(``BWD_DKV_TMA``) and of finishing dQ (``BWD_DQ_FINISH``, also behind the atomic dQ's stored first share),
-head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles)
-with its PTX instruction counts; exit status 1 if one does not compile. For each forward it also reads the machine
-code (the wheel's ``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight
-(between the wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means
-the softmax overlaps the product. Every line counts the machine code's spill stores (``STL``: values ptxas could not
-keep in registers; PTX cannot show them). Each line ends with ptxas's performance messages for that kernel (the
-wheel's ptxas run again with ``-v``), e.g. C7518 when ptxas serialises the asynchronous products of a loop.
+division of O (``FWD_ROW_DIVIDE``) and with the other start of consumer 1 (``FWD_LAG``), none and fp32_output with the
+other way of storing O (``FWD_O_TMA``), backward with both dQ orders, each also with the other way of writing a tile's
+first dQ share (``BWD_DQ_FIRST_STORE``, ``BWD_ATOMIC_FIRST_STORE``), the ordered one with the other way of writing dK
+and dV (``BWD_DKV_TMA``) and of finishing dQ (``BWD_DQ_FINISH``, also behind the atomic dQ's stored first share),
+head_dim 64 and 128; ``--quick``: one configuration of each code path, what CI compiles) with its PTX instruction
+counts; exit status 1 if one does not compile. For each forward it also reads the machine code (the wheel's
+``nvdisasm``) and prints the fewest softmax exponentials that run while a tile's PV product is in flight (between the
+wait for Q K^T and the wait for PV, over the key-tile loops): a tile's full count (64 per thread) means the softmax
+overlaps the product. Every line counts the machine code's spill stores (``STL``: values ptxas could not keep in
+registers; PTX cannot show them). Each line ends with ptxas's performance messages for that kernel (the wheel's ptxas
+run again with ``-v``), e.g. C7518 when ptxas serialises the asynchronous products of a loop.
 
 The arguments come from kernels.gluon_flash's own launch helpers (``_fwd_launch``, ``_bwd_launch``, which its GPU
 calls use), given CPU tensors, so this also runs the host side of every launch; it then drives Triton's own launch
@@ -108,15 +108,15 @@ def configurations(quick: bool = False):
         # both dQ orders as launched, and each with the other way of writing a tile's first dQ share (and the
         # ordered one with the other way of writing dK and dV, and of finishing dQ, also behind the atomic dQ's
         # stored first share)
+        bwd_words = dict(first_store=("first add", "first store"), dkv_tma=("dK dV stored", "dK dV by TMA"),
+                         finish=("dQ finish launch", "dQ finished"))
         for deterministic, changed in (
                 (True, {}), (False, {}), (True, dict(first_store=not gf.BWD_DQ_FIRST_STORE)),
                 (False, dict(first_store=not gf.BWD_ATOMIC_FIRST_STORE)), (True, dict(dkv_tma=not gf.BWD_DKV_TMA)),
                 (True, dict(finish=not gf.BWD_DQ_FINISH)), (False, dict(first_store=True, finish=not gf.BWD_DQ_FINISH))):
             _, args, kwargs, _ = gf._bwd_launch(d_out, q, k, v, lse, delta, dq, dk, dv, True, nm, deterministic,
                                                 **changed)
-            extra = "" if "first_store" not in changed else (" first store" if changed["first_store"] else " first add")
-            extra += "" if "dkv_tma" not in changed else (" dK dV by TMA" if changed["dkv_tma"] else " dK dV stored")
-            extra += "" if "finish" not in changed else (" dQ finished" if changed["finish"] else " dQ finish launch")
+            extra = "".join(f" {bwd_words[key][value]}" for key, value in changed.items())
             out.append((f"backward d{dim} {'deterministic' if deterministic else 'atomic dQ'}{extra}", gf._bwd_kernel,
                         args, kwargs))
     return [c for c in out if c[0] in QUICK] if quick else out

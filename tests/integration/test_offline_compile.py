@@ -29,11 +29,11 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
         assert not re.search(r"(red|atom)\.global\S*f32", ptx), name
     assert "cp.async.bulk.wait_group 0;" in (tmp_path / "backward_d128_deterministic.ptx").read_text()
     # dQ = LP(scale * sums) written by the backward itself (BWD_DQ_FINISH, off by default): 16-byte stores of 8
-    # values, one per 8 x 32 block of a query tile (32 blocks at head_dim 128; at head_dim 64 16 blocks, in each of
-    # the two places an atomic-dQ tile can finish), none in the default backward (the finishing launch does it)
+    # values, one per 8 x 32 block of a query tile (32 blocks at head_dim 128, 16 at 64), none in the default
+    # backward (the finishing launch does it)
     finished = (tmp_path / "backward_d128_deterministic_dQ_finished.ptx").read_text()
     assert finished.count("st.global.v4.b32") == 32
-    assert (tmp_path / "backward_d64_atomic_dQ_first_store_dQ_finished.ptx").read_text().count("st.global.v4.b32") == 32
+    assert (tmp_path / "backward_d64_atomic_dQ_first_store_dQ_finished.ptx").read_text().count("st.global.v4.b32") == 16
     assert "st.global.v4.b32" not in (tmp_path / "backward_d128_deterministic.ptx").read_text()
     # the bf16 O leaves by stmatrix into shared memory and a TMA store (FWD_O_TMA): the forward's only plain global
     # stores are the LSE's (one FP32 per row, 4 in the two consumers' code); at head_dim 128 with fix=fp32_output the
